@@ -1,0 +1,1 @@
+"""One module per ``epdctl`` subcommand; each exposes ``register(subparsers)``."""

@@ -1,0 +1,137 @@
+"""Roles, SLOs and engine configuration: frozen, validated at construction.
+
+This module imports no torch so the operator, the planner and the simulator can use it.
+Environment variables are read only here (prefix ``EPD_``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class Stage(enum.StrEnum):
+    """The three stages of a multimodal request, in execution order."""
+
+    ENCODE = "encode"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+STAGE_ORDER: tuple[Stage, ...] = (Stage.ENCODE, Stage.PREFILL, Stage.DECODE)
+_LETTER = {"E": Stage.ENCODE, "P": Stage.PREFILL, "D": Stage.DECODE}
+
+
+class Role(enum.StrEnum):
+    """The stages one instance runs. A method is a set of roles covering each stage once."""
+
+    E = "E"
+    P = "P"
+    D = "D"
+    EP = "EP"
+    ED = "ED"
+    PD = "PD"
+    EPD = "EPD"
+
+    @property
+    def stages(self) -> frozenset[Stage]:
+        return frozenset(_LETTER[c] for c in self.value)
+
+    def runs(self, stage: Stage) -> bool:
+        return stage in self.stages
+
+    @property
+    def needs_vision(self) -> bool:
+        return Stage.ENCODE in self.stages
+
+    @property
+    def needs_language(self) -> bool:
+        return bool(self.stages & {Stage.PREFILL, Stage.DECODE})
+
+    @property
+    def decodes(self) -> bool:
+        return Stage.DECODE in self.stages
+
+
+class Method(enum.StrEnum):
+    """A disaggregation method: pools whose roles cover every stage exactly once."""
+
+    E_P_D = "E+P+D"
+    EP_D = "EP+D"
+    ED_P = "ED+P"
+    E_PD = "E+PD"
+    EPD = "EPD"
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return tuple(Role(part) for part in self.value.split("+"))
+
+    def role_for(self, stage: Stage) -> Role:
+        """The pool role that runs ``stage`` under this method."""
+        return next(role for role in self.roles if role.runs(stage))
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives. A request meets them when TTFT <= ttft_s and p90 TPOT <= tpot_s."""
+
+    ttft_s: float = 4.0  # HydraInfer v2, LLaVA-1.5-7B
+    tpot_s: float = 0.08
+    attainment: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.ttft_s <= 0 or self.tpot_s <= 0:
+            raise ValueError(f"SLOs must be positive, got ttft_s={self.ttft_s} tpot_s={self.tpot_s}")
+        if not 0 < self.attainment <= 1:
+            raise ValueError(f"attainment must be in (0, 1], got {self.attainment}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one engine instance needs to start. Built from CLI flags or a ConfigMap."""
+
+    model_dir: Path
+    role: Role = Role.EPD
+    served_model_name: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_block_size: int = 16  # tokens per KV page (HydraInfer)
+    num_kv_blocks: int = 512
+    num_image_blocks: int = 64  # pages of the image-embedding cache, one image per page
+    encoder_cache_images: int = 256  # embeddings kept by content hash for cross-request reuse
+    max_num_running: int = 256  # decode concurrency cap
+    max_model_len: int | None = None  # defaults to the model's context window
+    token_budget: int | None = None  # None: found at start-up by binary search against the SLO
+    image_budget: int | None = None
+    max_images_per_request: int = 8
+    max_image_bytes: int = 20 * 1024 * 1024
+    slo: SLO = field(default_factory=SLO)
+    budget_alpha: float = 0.5  # iteration must stay under alpha * TTFT (or TPOT when decoding)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("kv_block_size", "num_kv_blocks", "num_image_blocks", "max_num_running"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("token_budget", "image_budget"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).name
+
+
+def env_str(name: str, default: str) -> str:
+    """Read an ``EPD_``-prefixed environment variable (the only place the engine reads env)."""
+    return os.environ.get(f"EPD_{name}", default)
+
+
+def internal_token() -> str:
+    """Shared secret for internal endpoints (registration, migration)."""
+    return env_str("INTERNAL_TOKEN", "epd-dev-token")
