@@ -1,0 +1,17 @@
+"""Shared fixtures for the whole test suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight ``tiny-llava`` checkpoint (HF hub layout, float32), made once per session."""
+    from epd_engine.model.make_model import make_model
+
+    model_dir = tmp_path_factory.mktemp("tiny-llava")
+    make_model("tiny-llava", model_dir, seed=0, dtype="float32", show_progress=False)
+    return model_dir
