@@ -83,7 +83,9 @@ class SLO:
 
     def __post_init__(self) -> None:
         if self.ttft_s <= 0 or self.tpot_s <= 0:
-            raise ValueError(f"SLOs must be positive, got ttft_s={self.ttft_s} tpot_s={self.tpot_s}")
+            raise ValueError(
+                f"SLOs must be positive, got ttft_s={self.ttft_s} tpot_s={self.tpot_s}"
+            )
         if not 0 < self.attainment <= 1:
             raise ValueError(f"attainment must be in (0, 1], got {self.attainment}")
 

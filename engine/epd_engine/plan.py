@@ -61,7 +61,9 @@ class Plan(BaseModel):
                 raise ValueError(f"pool {role.value} needs at least 1 instance, got {count}")
         unknown = set(self.budgets) - expected
         if unknown:
-            raise ValueError(f"budgets for roles not in the method: {sorted(r.value for r in unknown)}")
+            raise ValueError(
+                f"budgets for roles not in the method: {sorted(r.value for r in unknown)}"
+            )
         return self
 
     @property

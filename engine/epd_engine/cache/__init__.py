@@ -1,0 +1,1 @@
+"""Paged block bookkeeping (pure Python). The tensors that hold the pages live in the runner."""

@@ -1,0 +1,92 @@
+"""A pool of fixed-size pages with reference counts and optional content addressing.
+
+Pages with a content key (an image hash) stay cached after their last user frees them and
+are evicted least-recently-used only when a new allocation needs room. That is what turns
+the image cache into the encoder-output cache: a repeated image finds its pages again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref_counts = [0] * num_blocks
+        self._by_key: dict[str, tuple[int, ...]] = {}
+        self._key_of: dict[int, str] = {}
+        # keyed page groups nobody references, oldest first: evictable
+        self._evictable: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can get right now (free plus evictable cached ones)."""
+        return len(self._free) + sum(len(blocks) for blocks in self._evictable.values())
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks
+
+    def can_allocate(self, num: int) -> bool:
+        return num <= self.num_free
+
+    def allocate(self, num: int) -> list[int] | None:
+        """``num`` pages with one reference each, or None (and no change) if they don't fit."""
+        if num > self.num_free:
+            return None
+        while len(self._free) < num:
+            self._evict_oldest()
+        blocks = [self._free.popleft() for _ in range(num)]
+        for block in blocks:
+            self._ref_counts[block] = 1
+        return blocks
+
+    def free(self, blocks: list[int] | tuple[int, ...]) -> None:
+        """Drop one reference from each page; unreferenced pages become free or evictable."""
+        for block in blocks:
+            if self._ref_counts[block] <= 0:
+                raise RuntimeError(f"double free of block {block}")
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] == 0 and block not in self._key_of:
+                self._free.append(block)
+        for key in {self._key_of[b] for b in blocks if b in self._key_of}:
+            group = self._by_key[key]
+            if all(self._ref_counts[b] == 0 for b in group):
+                self._evictable[key] = group
+
+    def register(self, key: str, blocks: list[int]) -> None:
+        """Make ``blocks`` (already referenced by the caller) findable by ``key``."""
+        if key in self._by_key:
+            return  # first writer wins; the duplicate pages stay private to their request
+        group = tuple(blocks)
+        self._by_key[key] = group
+        for block in group:
+            self._key_of[block] = key
+
+    def lookup(self, key: str) -> list[int] | None:
+        """Pages cached under ``key`` with a new reference taken, or None."""
+        group = self._by_key.get(key)
+        if group is None:
+            return None
+        self._evictable.pop(key, None)
+        for block in group:
+            self._ref_counts[block] += 1
+        return list(group)
+
+    def contains(self, key: str) -> bool:
+        return key in self._by_key
+
+    def _evict_oldest(self) -> None:
+        key, group = self._evictable.popitem(last=False)
+        del self._by_key[key]
+        for block in group:
+            del self._key_of[block]
+            self._free.append(block)

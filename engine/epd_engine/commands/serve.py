@@ -1,0 +1,79 @@
+"""``epdctl serve``: run one engine instance (any role) with the OpenAI API on HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from epd_engine.cli import UserError
+from epd_engine.config import SLO, EngineConfig, Role
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("serve", help="serve a model as one engine instance")
+    p.add_argument("--model", required=True, type=Path, help="checkpoint directory (HF layout)")
+    p.add_argument(
+        "--preset",
+        help="make a random-weight checkpoint of this preset at --model first if it is missing",
+    )
+    p.add_argument("--role", default="EPD", choices=[r.value for r in Role])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="name clients use (default: the directory name)")
+    p.add_argument("--pool", default="local", help="pool name (metrics label, router registration)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument("--kv-block-size", type=int, default=16)
+    p.add_argument("--num-image-blocks", type=int, default=64)
+    p.add_argument(
+        "--token-budget", type=int, help="tokens per iteration (default: searched against the SLO)"
+    )
+    p.add_argument(
+        "--image-budget", type=int, help="images per iteration (default: searched against the SLO)"
+    )
+    p.add_argument("--max-num-running", type=int, default=256)
+    p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
+    p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    try:
+        return EngineConfig(
+            model_dir=args.model,
+            role=Role(args.role),
+            served_model_name=args.served_model_name,
+            device=args.device,
+            dtype=args.dtype,
+            kv_block_size=args.kv_block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            num_image_blocks=args.num_image_blocks,
+            token_budget=args.token_budget,
+            image_budget=args.image_budget,
+            max_num_running=args.max_num_running,
+            slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from epd_engine.server.app import ServerSettings, create_app
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.preset and not (args.model / "config.json").exists():
+        from epd_engine.model.make_model import make_model
+
+        make_model(args.preset, args.model)
+    if not (args.model / "config.json").exists():
+        raise UserError(f"{args.model} has no config.json; make one with `epdctl make-model`")
+    settings = ServerSettings(engine=engine_config(args), pool=args.pool)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,111 @@
+"""Prometheus metrics (DESIGN.md §4): prefix ``epd_``, base units, ``_total`` for counters.
+
+Each app gets its own registry so several instances can live in one test process.
+Labels: ``model``, ``role``, ``pool`` on everything, plus ``stage``/``kind``/``cache``/
+``outcome`` where they apply.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+_TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.6, 1)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_BASE = ("model", "role", "pool")
+
+
+class Metrics:
+    def __init__(self, model: str, role: str, pool: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model": model, "role": role, "pool": pool}
+        r = self.registry
+        self.ttft = Histogram(
+            "epd_request_ttft_seconds",
+            "Time to first token.",
+            _BASE,
+            registry=r,
+            buckets=_LATENCY_BUCKETS_S,
+        )
+        self.tpot = Histogram(
+            "epd_request_tpot_seconds",
+            "Gap between consecutive output tokens.",
+            _BASE,
+            registry=r,
+            buckets=_TPOT_BUCKETS_S,
+        )
+        self.e2e = Histogram(
+            "epd_request_e2e_seconds",
+            "End-to-end request latency.",
+            _BASE,
+            registry=r,
+            buckets=_LATENCY_BUCKETS_S,
+        )
+        self.stage_queue = Histogram(
+            "epd_stage_queue_seconds",
+            "Wait from a stage becoming next to its first batch.",
+            (*_BASE, "stage"),
+            registry=r,
+            buckets=_LATENCY_BUCKETS_S,
+        )
+        self.stage_execution = Histogram(
+            "epd_stage_execution_seconds",
+            "Duration of iterations that ran the stage.",
+            (*_BASE, "stage"),
+            registry=r,
+            buckets=_LATENCY_BUCKETS_S,
+        )
+        self.migration = Histogram(
+            "epd_migration_seconds",
+            "Cache migration time from pull start to confirm.",
+            (*_BASE, "kind"),
+            registry=r,
+            buckets=_LATENCY_BUCKETS_S,
+        )
+        self.batch_tokens = Histogram(
+            "epd_batch_tokens",
+            "Tokens per iteration.",
+            _BASE,
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.batch_images = Histogram(
+            "epd_batch_images",
+            "Images encoded per iteration.",
+            _BASE,
+            registry=r,
+            buckets=_BATCH_BUCKETS[:8],
+        )
+        self.cache_usage = Gauge(
+            "epd_cache_usage_ratio", "Used share of a paged cache.", (*_BASE, "cache"), registry=r
+        )
+        self.running = Gauge("epd_requests_running", "Requests holding pages.", _BASE, registry=r)
+        self.waiting = Gauge("epd_requests_waiting", "Requests queued.", _BASE, registry=r)
+        self.encoder_cache_hits = Counter(
+            "epd_encoder_cache_hits_total",
+            "Images whose embeddings were reused.",
+            _BASE,
+            registry=r,
+        )
+        self.encoder_cache_lookups = Counter(
+            "epd_encoder_cache_lookups_total",
+            "Images looked up in the encoder cache.",
+            _BASE,
+            registry=r,
+        )
+        self.requests = Counter(
+            "epd_requests_total",
+            "Finished requests by outcome.",
+            (*_BASE, "outcome"),
+            registry=r,
+        )
+        self.slo_met = Counter(
+            "epd_slo_met_total",
+            "Requests that met both the TTFT and the TPOT SLO.",
+            _BASE,
+            registry=r,
+        )
+        self.plan = Info("epd_plan", "The plan currently served.", _BASE, registry=r)
+        self.reconfigurations = Counter(
+            "epd_reconfigurations_total", "Plan changes applied.", _BASE, registry=r
+        )

@@ -1,0 +1,105 @@
+"""Request state: progress is counters, status is an ordered enum (no torch, no -1 sentinels).
+
+A request is a sequence of stage tasks: encode its images, prefill its prompt (in chunks),
+decode one token per step. ``num_encoded_images`` and ``num_computed_tokens`` say how far
+each stage has come; the status only orders the coarse lifecycle.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from epd_engine.config import Stage
+from epd_engine.sampling import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: a request only moves forward, except preemption back to WAITING."""
+
+    WAITING = 0  # queued, holds no cache pages
+    RUNNING = 1  # admitted: holds pages on this instance
+    MIGRATING = 2  # local stages done, handed to another instance
+    FINISHED_STOPPED = 10  # EOS or a stop string
+    FINISHED_LENGTH = 11  # max_tokens or the context window
+    FINISHED_ABORTED = 12  # client went away or was cancelled
+    FINISHED_ERROR = 13
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASON.get(self)
+
+
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image of a prompt: its content hash and where its placeholder tokens sit."""
+
+    content_hash: str
+    offset: int  # index of its first placeholder token in the prompt
+    num_tokens: int
+    width: int = 0
+    height: int = 0
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    images: list[ImageRef] = field(default_factory=list)
+    eos_token_ids: frozenset[int] = frozenset()
+    arrival_s: float = field(default_factory=time.monotonic)
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_encoded_images: int = 0
+    num_computed_tokens: int = 0  # tokens whose K/V sit in this instance's cache
+    output_token_ids: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_token_s: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the sequence the KV cache must eventually cover."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def next_stage(self) -> Stage:
+        if self.num_encoded_images < self.num_images:
+            return Stage.ENCODE
+        if self.num_computed_tokens < self.num_prompt_tokens or self.num_uncomputed_tokens > 1:
+            return Stage.PREFILL
+        return Stage.DECODE
+
+    def token_id_at(self, position: int) -> int:
+        if position < self.num_prompt_tokens:
+            return self.prompt_token_ids[position]
+        return self.output_token_ids[position - self.num_prompt_tokens]
+
+    def token_ids_slice(self, start: int, stop: int) -> list[int]:
+        all_ids = self.prompt_token_ids + self.output_token_ids
+        return all_ids[start:stop]

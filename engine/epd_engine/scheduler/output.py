@@ -1,0 +1,69 @@
+"""What the scheduler hands the runner: plain dataclasses, no tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epd_engine.config import Stage
+
+
+@dataclass(frozen=True)
+class EncodeTask:
+    """Encode one image and write its embeddings into ``blocks`` of the image cache."""
+
+    request_id: str
+    image_index: int
+    content_hash: str
+    num_tokens: int
+    blocks: list[int]
+
+
+@dataclass(frozen=True)
+class ImageSlice:
+    """Rows of an image's cached embeddings that replace placeholder tokens in a chunk."""
+
+    blocks: list[int]  # the image's pages in the image cache
+    src_start: int  # first embedding row within the image
+    dst_start: int  # first row within this task's tokens
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenTask:
+    """Run ``token_ids`` through the language model at positions ``start_position...``."""
+
+    request_id: str
+    stage: Stage
+    token_ids: list[int]
+    start_position: int
+    block_table: list[int]
+    sample: bool  # the chunk reaches the end of the sequence: sample the next token
+    image_slices: list[ImageSlice] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    encodes: list[EncodeTask] = field(default_factory=list)
+    prefills: list[TokenTask] = field(default_factory=list)
+    decodes: list[TokenTask] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def token_tasks(self) -> list[TokenTask]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.token_tasks)
+
+    @property
+    def num_images(self) -> int:
+        return len(self.encodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.encodes or self.prefills or self.decodes)

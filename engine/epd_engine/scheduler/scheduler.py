@@ -1,0 +1,321 @@
+"""The stage-level scheduler (DESIGN.md §4).
+
+Each iteration: every running decode first; then ongoing chunked prefills and encodes;
+then new requests, until the token budget (tau_t) and image budget (tau_e) are used.
+When KV pages run out, the newest running request is preempted and later recomputed
+(its images are usually still in the encoder-output cache), so nothing crashes or hangs.
+An instance runs only the stages of its role; a request whose next stage is elsewhere is
+parked as MIGRATING with its pages held until the engine hands it off and releases it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from epd_engine.cache.image_cache import ImageCacheManager
+from epd_engine.cache.kv_cache import KVCacheManager, blocks_needed
+from epd_engine.config import Role, Stage
+from epd_engine.request import Request, RequestStatus
+from epd_engine.scheduler.output import EncodeTask, ImageSlice, SchedulerOutput, TokenTask
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    token_budget: int  # tau_t: tokens per iteration (prefill chunks + decodes)
+    image_budget: int  # tau_e: images encoded per iteration
+    max_num_running: int
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    """Progress the engine reports upward: a new token and/or the end of the request."""
+
+    request_id: str
+    new_token_id: int | None
+    finish_reason: str | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        role: Role,
+        limits: SchedulerLimits,
+        kv: KVCacheManager | None,
+        images: ImageCacheManager | None,
+    ) -> None:
+        if role.needs_language and kv is None:
+            raise ValueError(f"role {role} runs prefill/decode and needs a KV cache")
+        if role.needs_vision and images is None:
+            raise ValueError(f"role {role} runs encode and needs an image cache")
+        self.role = role
+        self.limits = limits
+        self.kv = kv
+        self.images = images
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.migrating: dict[str, Request] = {}  # local stages done, pages held for the pull
+        self.requests: dict[str, Request] = {}
+
+    # ---- queue management -------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.check_fits(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def check_fits(self, request: Request) -> None:
+        """Reject what could never run here, so it fails at once instead of waiting forever."""
+        if request.num_prompt_tokens >= self.limits.max_model_len:
+            raise ValueError(
+                f"prompt has {request.num_prompt_tokens} tokens; the context window is "
+                f"{self.limits.max_model_len}"
+            )
+        if self.kv is not None:
+            need = blocks_needed(request.num_prompt_tokens + 1, self.kv.block_size)
+            if need > self.kv.pool.num_blocks:
+                have = self.kv.pool.num_blocks
+                raise ValueError(f"prompt needs {need} KV pages; this instance has {have}")
+        if self.images is not None and request.images:
+            block_tokens = self.images.block_tokens
+            need = sum(blocks_needed(i.num_tokens, block_tokens) for i in request.images)
+            if need > self.images.pool.num_blocks:
+                raise ValueError(
+                    f"{request.num_images} images need {need} image-cache pages; "
+                    f"this instance has {self.images.pool.num_blocks}"
+                )
+
+    def abort(self, request_id: str) -> Request | None:
+        request = self.requests.get(request_id)
+        if request is None or request.status.finished:
+            return request
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    def release_migrated(self, request_id: str) -> None:
+        """The target confirmed its pull: free the pages this instance held for it."""
+        request = self.migrating.pop(request_id, None)
+        if request is not None:
+            self._release_pages(request)
+            self.requests.pop(request_id, None)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one iteration ----------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        token_budget = self.limits.token_budget
+        image_budget = self.limits.image_budget
+        scheduled: set[str] = set()
+
+        for request in list(self.running):  # 1. every running decode (oldest first)
+            if request.status is RequestStatus.RUNNING and self._local(request, Stage.DECODE):
+                if not self._grow_kv(request, request.num_tokens, out):
+                    continue
+                out.decodes.append(self._token_task(request, Stage.DECODE, 1))
+                token_budget -= 1
+                scheduled.add(request.request_id)
+
+        for request in self.running:  # 2. ongoing encodes and chunked prefills
+            if request.request_id in scheduled or request.status is not RequestStatus.RUNNING:
+                continue
+            image_budget = self._schedule_encodes(request, image_budget, out)
+            token_budget = self._schedule_prefill(request, token_budget, out)
+
+        while self.waiting and len(self.running) < self.limits.max_num_running:  # 3. new
+            request = self.waiting[0]
+            if token_budget <= 0 and (request.next_stage is not Stage.ENCODE or image_budget <= 0):
+                break
+            if not self._admit(request):
+                break  # head-of-line: keeps FIFO order fair under memory pressure
+            self.waiting.popleft()
+            self.running.append(request)
+            image_budget = self._schedule_encodes(request, image_budget, out)
+            token_budget = self._schedule_prefill(request, token_budget, out)
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[RequestEvent]:
+        """Apply one executed iteration: advance counters, append tokens, finish, hand off."""
+        events: list[RequestEvent] = []
+        for task in out.encodes:
+            request = self.requests[task.request_id]
+            request.num_encoded_images += 1
+            assert self.images is not None
+            slot = self.images.slots(task.request_id)[task.image_index]
+            self.images.mark_encoded(task.content_hash, slot)
+        for task in out.token_tasks:
+            request = self.requests.get(task.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the batch ran
+            request.num_computed_tokens += task.num_tokens
+            if task.sample:
+                events.append(self._append_token(request, sampled[task.request_id]))
+        for request in list(self.running):
+            self._after_step(request)
+        return events
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _local(self, request: Request, stage: Stage) -> bool:
+        return request.next_stage is stage and self.role.runs(stage)
+
+    def _admit(self, request: Request) -> bool:
+        """Take the pages the request's first local stage needs, all or nothing."""
+        if request.next_stage is Stage.ENCODE and self.role.runs(Stage.ENCODE):
+            assert self.images is not None
+            need = sum(
+                blocks_needed(i.num_tokens, self.images.block_tokens)
+                for i in request.images[request.num_encoded_images :]
+                if not self.images.pool.contains(i.content_hash)
+            )
+            if not self.images.pool.can_allocate(need):
+                return False
+            for image in request.images:
+                slot = self.images.acquire(request.request_id, image.content_hash, image.num_tokens)
+                assert slot is not None
+            slots = self.images.slots(request.request_id)
+            request.num_encoded_images = sum(slot.cached for slot in slots)
+        request.status = RequestStatus.RUNNING
+        return True
+
+    def _schedule_encodes(self, request: Request, image_budget: int, out: SchedulerOutput) -> int:
+        if image_budget <= 0 or not self._local(request, Stage.ENCODE):
+            return image_budget
+        assert self.images is not None
+        for index, slot in enumerate(self.images.slots(request.request_id)):
+            if image_budget <= 0:
+                break
+            if slot.cached:
+                continue
+            image = request.images[index]
+            task = EncodeTask(
+                request.request_id, index, image.content_hash, image.num_tokens, slot.blocks
+            )
+            out.encodes.append(task)
+            image_budget -= 1
+        return image_budget
+
+    def _schedule_prefill(self, request: Request, token_budget: int, out: SchedulerOutput) -> int:
+        if token_budget <= 0 or not self._local(request, Stage.PREFILL):
+            return token_budget
+        if any(t.request_id == request.request_id for t in out.encodes):
+            return token_budget  # its embeddings are written this iteration; prefill next one
+        num_tokens = min(request.num_uncomputed_tokens, token_budget)
+        assert self.kv is not None
+        if not self.kv.grow(request.request_id, request.num_computed_tokens + num_tokens):
+            return token_budget  # decodes keep priority on pages; retry next iteration
+        out.prefills.append(self._token_task(request, Stage.PREFILL, num_tokens))
+        return token_budget - num_tokens
+
+    def _token_task(self, request: Request, stage: Stage, num_tokens: int) -> TokenTask:
+        start = request.num_computed_tokens
+        stop = start + num_tokens
+        assert self.kv is not None
+        return TokenTask(
+            request_id=request.request_id,
+            stage=stage,
+            token_ids=request.token_ids_slice(start, stop),
+            start_position=start,
+            block_table=list(self.kv.block_table(request.request_id)),
+            sample=stop == request.num_tokens,
+            image_slices=self._image_slices(request, start, stop),
+        )
+
+    def _image_slices(self, request: Request, start: int, stop: int) -> list[ImageSlice]:
+        slices = []
+        slots = self.images.slots(request.request_id) if self.images else []
+        for image, slot in zip(request.images, slots, strict=False):
+            lo = max(start, image.offset)
+            hi = min(stop, image.offset + image.num_tokens)
+            if lo < hi:
+                slices.append(ImageSlice(slot.blocks, lo - image.offset, lo - start, hi - lo))
+        return slices
+
+    def _grow_kv(self, request: Request, num_total_tokens: int, out: SchedulerOutput) -> bool:
+        """Pages for ``request``, preempting newer requests until they fit.
+
+        False when even alone it does not fit: then the request itself was preempted.
+        """
+        assert self.kv is not None
+        while not self.kv.grow(request.request_id, num_total_tokens):
+            victim = self._newest_running_after(request)
+            if victim is None:
+                self._preempt(request, out)
+                return False
+            self._preempt(victim, out)
+        return True
+
+    def _newest_running_after(self, anchor: Request) -> Request | None:
+        """The newest running request admitted after ``anchor`` (lowest priority), if any."""
+        for request in reversed(self.running):
+            if request is anchor:
+                return None
+            if request.status is RequestStatus.RUNNING:
+                return request
+        return None
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Free everything and recompute later; generated tokens are kept."""
+        if not self.role.runs(Stage.PREFILL):
+            # A decode-only instance cannot recompute: fail clearly rather than hang.
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+            out.preempted_ids.append(request.request_id)
+            return
+        self.running.remove(request)
+        self._release_pages(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_encoded_images = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted_ids.append(request.request_id)
+
+    def _append_token(self, request: Request, token_id: int) -> RequestEvent:
+        request.output_token_ids.append(token_id)
+        params = request.sampling
+        finish: RequestStatus | None = None
+        if not params.ignore_eos and token_id in request.eos_token_ids:
+            finish = RequestStatus.FINISHED_STOPPED
+        elif (
+            len(request.output_token_ids) >= params.max_tokens
+            or request.num_tokens >= self.limits.max_model_len
+        ):
+            finish = RequestStatus.FINISHED_LENGTH
+        if finish is not None:
+            self._finish(request, finish)
+        return RequestEvent(request.request_id, token_id, finish.finish_reason if finish else None)
+
+    def finish(self, request_id: str, status: RequestStatus) -> None:
+        """Finish from outside (a stop string matched after detokenization)."""
+        request = self.requests.get(request_id)
+        if request is not None and not request.status.finished:
+            self._finish(request, status)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.migrating.pop(request.request_id, None)
+        self._release_pages(request)
+        request.status = status
+        self.requests.pop(request.request_id, None)
+
+    def _after_step(self, request: Request) -> None:
+        stage = request.next_stage
+        if stage is Stage.DECODE and self.images is not None:
+            self.images.release(request.request_id)  # prefill consumed the embeddings
+        if not self.role.runs(stage):
+            self.running.remove(request)
+            request.status = RequestStatus.MIGRATING
+            self.migrating[request.request_id] = request
+
+    def _release_pages(self, request: Request) -> None:
+        if self.kv is not None:
+            self.kv.release(request.request_id)
+        if self.images is not None:
+            self.images.release(request.request_id)

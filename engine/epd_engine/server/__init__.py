@@ -1,0 +1,1 @@
+"""The instance app: OpenAI API, health, metrics and (for disaggregation) internal endpoints."""

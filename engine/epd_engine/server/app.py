@@ -1,0 +1,84 @@
+"""``create_app(settings)``: the engine instance's FastAPI app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI
+
+from epd_engine.async_engine import AsyncEngine
+from epd_engine.config import EngineConfig
+from epd_engine.engine import LLMEngine, StepStats
+from epd_engine.metrics import Metrics
+from epd_engine.processor import InputProcessor
+from epd_engine.server import health, openai_api
+from epd_engine.server.errors import install_error_handlers
+from epd_engine.server.state import InstanceState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    engine: EngineConfig
+    pool: str = "local"
+
+
+def _step_recorder(metrics: Metrics, engine: LLMEngine):  # type: ignore[no-untyped-def]
+    labels = metrics.labels
+    scheduler = engine.scheduler
+    last_hits = last_lookups = 0
+
+    def record(stats: StepStats) -> None:
+        nonlocal last_hits, last_lookups
+        metrics.batch_tokens.labels(**labels).observe(stats.num_tokens)
+        if stats.num_images:
+            metrics.batch_images.labels(**labels).observe(stats.num_images)
+        for stage in stats.stages:
+            metrics.stage_execution.labels(**labels, stage=stage.value).observe(stats.duration_s)
+        for stage, wait_s in stats.queue_waits:
+            metrics.stage_queue.labels(**labels, stage=stage.value).observe(wait_s)
+        metrics.running.labels(**labels).set(len(scheduler.running))
+        metrics.waiting.labels(**labels).set(len(scheduler.waiting))
+        if scheduler.kv is not None:
+            metrics.cache_usage.labels(**labels, cache="kv").set(scheduler.kv.pool.usage)
+        if scheduler.images is not None:
+            images = scheduler.images
+            metrics.cache_usage.labels(**labels, cache="image").set(images.pool.usage)
+            metrics.encoder_cache_hits.labels(**labels).inc(images.num_hits - last_hits)
+            metrics.encoder_cache_lookups.labels(**labels).inc(images.num_lookups - last_lookups)
+            last_hits, last_lookups = images.num_hits, images.num_lookups
+
+    return record
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    config = settings.engine
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = Metrics(config.model_name, config.role.value, settings.pool)
+        engine = LLMEngine(config)
+        processor = InputProcessor(config.model_dir, engine.model_config)
+        async_engine = AsyncEngine(engine, processor.decode, _step_recorder(metrics, engine))
+        async with httpx.AsyncClient() as http:
+            state = InstanceState(config, async_engine, processor, metrics, http)
+            app.state.instance = state
+            async_engine.start()
+            state.ready = True
+            log.info("serving %s as %s", config.model_name, config.role.value)
+            try:
+                yield
+            finally:
+                state.ready = False
+                async_engine.stop()
+
+    app = FastAPI(title="EPD engine instance", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(openai_api.router)
+    app.include_router(health.router)
+    return app

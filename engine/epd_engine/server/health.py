@@ -1,0 +1,30 @@
+"""Liveness (the process answers) and readiness (model loaded, engine thread running)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epd_engine.server.state import InstanceState
+
+router = APIRouter()
+
+
+@router.get("/health/live")
+async def live() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@router.get("/health/ready")
+async def ready(request: Request, response: Response) -> dict[str, object]:
+    state: InstanceState = request.app.state.instance
+    if not state.ready:
+        response.status_code = 503
+        return {"status": "starting"}
+    return {"status": "ready", "role": state.config.role.value, "model": state.config.model_name}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state: InstanceState = request.app.state.instance
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,192 @@
+"""Public OpenAI-compatible routes: ``/v1/chat/completions`` and ``/v1/models``."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from epd_engine.async_engine import RequestOutput
+from epd_engine.errors import ClientError, ModelNotFound
+from epd_engine.server.chat import prepare
+from epd_engine.server.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ResponseMessage,
+    Usage,
+)
+from epd_engine.server.state import InstanceState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> InstanceState:
+    state: InstanceState = request.app.state.instance
+    return state
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, object]:
+    state = _state(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.config.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "epd",
+                "max_model_len": state.engine.engine.max_model_len,
+            }
+        ],
+    }
+
+
+class _Timer:
+    """Per-request latency bookkeeping for the TTFT/TPOT histograms and the SLO counter."""
+
+    def __init__(self, state: InstanceState) -> None:
+        self.state = state
+        self.start_s = time.monotonic()
+        self.token_times_s: list[float] = []
+
+    def tokens(self, count: int) -> None:
+        now = time.monotonic()
+        self.token_times_s.extend([now] * count)
+
+    def finish(self, outcome: str) -> None:
+        m = self.state.metrics
+        labels = m.labels
+        m.requests.labels(**labels, outcome=outcome).inc()
+        m.e2e.labels(**labels).observe(time.monotonic() - self.start_s)
+        if not self.token_times_s:
+            return
+        ttft_s = self.token_times_s[0] - self.start_s
+        m.ttft.labels(**labels).observe(ttft_s)
+        gaps = np.diff(self.token_times_s)
+        for gap in gaps:
+            m.tpot.labels(**labels).observe(float(gap))
+        slo = self.state.config.slo
+        tpot_p90 = float(np.percentile(gaps, 90)) if len(gaps) else 0.0
+        if outcome == "success" and ttft_s <= slo.ttft_s and tpot_p90 <= slo.tpot_s:
+            m.slo_met.labels(**labels).inc()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> ChatCompletionResponse | StreamingResponse:
+    state = _state(request)
+    if body.model != state.config.model_name:
+        raise ModelNotFound(
+            f"model {body.model!r} does not exist; this server serves {state.config.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    if not state.ready:
+        raise ClientError("server is starting", code="not_ready")
+    timer = _Timer(state)
+    prompt, params = await prepare(
+        body, state.processor, state.http, state.config, state.engine.engine.max_model_len
+    )
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
+    first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _sse(first, outputs, request_id, body.model, include_usage, timer),
+            media_type="text/event-stream",
+        )
+    return await _collect(first, outputs, request_id, body.model, timer)
+
+
+async def _chain(
+    first: RequestOutput, rest: AsyncIterator[RequestOutput], timer: _Timer
+) -> AsyncIterator[RequestOutput]:
+    """All outputs of one request, recording token times and the outcome on the way."""
+    outcome = "aborted"  # unless it runs to its end: the client went away
+    last_count = 0
+    output = first
+    try:
+        while True:
+            timer.tokens(output.num_output_tokens - last_count)
+            last_count = output.num_output_tokens
+            yield output
+            if output.finish_reason is not None:
+                outcome = "error" if output.error else "success"
+                return
+            output = await anext(rest)
+    finally:
+        timer.finish(outcome)
+
+
+async def _collect(
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    request_id: str,
+    model: str,
+    timer: _Timer,
+) -> ChatCompletionResponse:
+    text: list[str] = []
+    final = first
+    async for output in _chain(first, rest, timer):
+        text.append(output.text_delta)
+        final = output
+    if final.error:
+        raise RuntimeError(final.error)
+    return ChatCompletionResponse(
+        id=request_id,
+        model=model,
+        choices=[
+            Choice(
+                message=ResponseMessage(content="".join(text)), finish_reason=final.finish_reason
+            )
+        ],
+        usage=_usage(final),
+    )
+
+
+async def _sse(
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    request_id: str,
+    model: str,
+    include_usage: bool,
+    timer: _Timer,
+) -> AsyncIterator[str]:
+    def chunk(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
+        choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
+        body = ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage)
+        return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+    yield chunk(Delta(role="assistant", content=""))
+    final = first
+    async for output in _chain(first, rest, timer):
+        final = output
+        if output.error:
+            error = {"error": {"message": output.error, "type": "server_error"}}
+            yield f"data: {json.dumps(error)}\n\n"
+            break
+        if output.text_delta or output.finish_reason:
+            yield chunk(Delta(content=output.text_delta or None), output.finish_reason)
+    if include_usage:
+        yield chunk(Delta(), usage=_usage(final))
+    yield "data: [DONE]\n\n"
+
+
+def _usage(output: RequestOutput) -> Usage:
+    return Usage(
+        prompt_tokens=output.num_prompt_tokens,
+        completion_tokens=output.num_output_tokens,
+        total_tokens=output.num_prompt_tokens + output.num_output_tokens,
+    )

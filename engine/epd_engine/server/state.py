@@ -1,0 +1,22 @@
+"""What the instance app's routes share, built once in the lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from epd_engine.async_engine import AsyncEngine
+from epd_engine.config import EngineConfig
+from epd_engine.metrics import Metrics
+from epd_engine.processor import InputProcessor
+
+
+@dataclass
+class InstanceState:
+    config: EngineConfig
+    engine: AsyncEngine
+    processor: InputProcessor
+    metrics: Metrics
+    http: httpx.AsyncClient
+    ready: bool = False

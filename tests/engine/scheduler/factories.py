@@ -1,0 +1,58 @@
+"""Factories for scheduler tests: requests and schedulers with small, explicit limits."""
+
+from __future__ import annotations
+
+import itertools
+
+from epd_engine.cache.image_cache import ImageCacheManager
+from epd_engine.cache.kv_cache import KVCacheManager
+from epd_engine.config import Role
+from epd_engine.request import ImageRef, Request
+from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler import Scheduler, SchedulerLimits
+
+_ids = itertools.count()
+IMAGE_TOKENS = 4
+
+
+def make_request(
+    num_prompt_tokens: int = 10,
+    image_hashes: tuple[str, ...] = (),
+    max_tokens: int = 4,
+    eos: frozenset[int] = frozenset(),
+) -> Request:
+    images = [
+        ImageRef(h, offset=1 + k * IMAGE_TOKENS, num_tokens=IMAGE_TOKENS)
+        for k, h in enumerate(image_hashes)
+    ]
+    prompt = list(range(100, 100 + num_prompt_tokens + IMAGE_TOKENS * len(image_hashes)))
+    return Request(
+        request_id=f"r{next(_ids)}",
+        prompt_token_ids=prompt,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        images=images,
+        eos_token_ids=eos,
+    )
+
+
+def make_scheduler(
+    role: Role = Role.EPD,
+    token_budget: int = 64,
+    image_budget: int = 4,
+    num_kv_blocks: int = 64,
+    block_size: int = 4,
+    num_image_blocks: int = 8,
+    max_num_running: int = 16,
+    max_model_len: int = 512,
+) -> Scheduler:
+    kv = KVCacheManager(num_kv_blocks, block_size) if role.needs_language else None
+    images = ImageCacheManager(num_image_blocks, IMAGE_TOKENS)
+    limits = SchedulerLimits(token_budget, image_budget, max_num_running, max_model_len)
+    return Scheduler(role, limits, kv, images)
+
+
+def run_step(scheduler: Scheduler, token: int = 7):  # type: ignore[no-untyped-def]
+    """One iteration where every sampling task yields ``token``."""
+    out = scheduler.schedule()
+    sampled = {t.request_id: token for t in out.token_tasks if t.sample}
+    return out, scheduler.update(out, sampled)

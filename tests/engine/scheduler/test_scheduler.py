@@ -1,0 +1,152 @@
+"""The stage-level scheduler on its own: pure Python, real classes, crafted requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from epd_engine.config import Role, Stage
+from epd_engine.request import RequestStatus
+from tests.engine.scheduler.factories import IMAGE_TOKENS, make_request, make_scheduler, run_step
+
+
+def test_text_request_runs_prefill_then_decodes_to_max_tokens() -> None:
+    s = make_scheduler()
+    r = make_request(num_prompt_tokens=10, max_tokens=3)
+    s.add(r)
+    out, events = run_step(s)
+    assert [t.stage for t in out.prefills] == [Stage.PREFILL]
+    assert out.prefills[0].num_tokens == 10 and out.prefills[0].sample
+    assert r.output_token_ids == [7] and r.next_stage is Stage.DECODE
+    run_step(s)
+    _, events = run_step(s)
+    assert r.output_token_ids == [7, 7, 7]
+    assert events[-1].finish_reason == "length"
+    assert r.status is RequestStatus.FINISHED_LENGTH
+    assert s.kv is not None and s.kv.pool.num_free == s.kv.pool.num_blocks
+
+
+def test_decodes_come_first_then_chunked_prefill_within_token_budget() -> None:
+    s = make_scheduler(token_budget=8)
+    first = make_request(num_prompt_tokens=6, max_tokens=10)
+    s.add(first)
+    run_step(s)  # first prefills completely (6 <= 8)
+    second = make_request(num_prompt_tokens=20, max_tokens=2)
+    s.add(second)
+    out, _ = run_step(s)
+    assert [t.request_id for t in out.decodes] == [first.request_id]
+    assert [(t.request_id, t.num_tokens, t.sample) for t in out.prefills] == [
+        (second.request_id, 7, False)
+    ]
+    out, _ = run_step(s)
+    assert out.prefills[0].start_position == 7 and out.prefills[0].num_tokens == 7
+    out, _ = run_step(s)
+    assert out.prefills[0].num_tokens == 6 and out.prefills[0].sample
+    assert second.output_token_ids == [7]
+
+
+def test_image_request_encodes_before_prefill_and_slices_embeddings() -> None:
+    s = make_scheduler()
+    r = make_request(num_prompt_tokens=5, image_hashes=("a", "b"))
+    s.add(r)
+    out, _ = run_step(s)
+    assert [(t.image_index, t.content_hash) for t in out.encodes] == [(0, "a"), (1, "b")]
+    assert not out.prefills  # embeddings are written this iteration; prefill reads them next
+    out, _ = run_step(s)
+    (task,) = out.prefills
+    assert [(p.src_start, p.dst_start, p.num_tokens) for p in task.image_slices] == [
+        (0, 1, IMAGE_TOKENS),
+        (0, 1 + IMAGE_TOKENS, IMAGE_TOKENS),
+    ]
+
+
+def test_image_budget_spreads_encodes_over_iterations() -> None:
+    s = make_scheduler(image_budget=1)
+    r = make_request(image_hashes=("a", "b", "c"))
+    s.add(r)
+    counts = [len(run_step(s)[0].encodes) for _ in range(3)]
+    assert counts == [1, 1, 1]
+    assert r.num_encoded_images == 3
+
+
+def test_repeated_image_hits_encoder_cache_and_skips_encode() -> None:
+    s = make_scheduler()
+    first = make_request(image_hashes=("same",), max_tokens=1)
+    s.add(first)
+    while not first.status.finished:
+        run_step(s)
+    second = make_request(image_hashes=("same",), max_tokens=1)
+    s.add(second)
+    out, _ = run_step(s)
+    assert not out.encodes and len(out.prefills) == 1
+    assert s.images is not None and s.images.num_hits == 1
+
+
+def test_chunk_boundary_inside_an_image_splits_its_embedding_rows() -> None:
+    s = make_scheduler(token_budget=3)
+    r = make_request(num_prompt_tokens=2, image_hashes=("x",))  # image at positions 1..4
+    s.add(r)
+    run_step(s)  # encode
+    first, _ = run_step(s)
+    second, _ = run_step(s)
+    assert [(p.src_start, p.dst_start, p.num_tokens) for p in first.prefills[0].image_slices] == [
+        (0, 1, 2)
+    ]
+    assert [(p.src_start, p.dst_start, p.num_tokens) for p in second.prefills[0].image_slices] == [
+        (2, 0, 2)
+    ]
+
+
+def test_out_of_pages_preempts_newest_and_recomputes_it_later() -> None:
+    s = make_scheduler(num_kv_blocks=6, block_size=4, token_budget=64)
+    old = make_request(num_prompt_tokens=8, max_tokens=12)
+    new = make_request(num_prompt_tokens=8, max_tokens=12)
+    s.add(old)
+    s.add(new)
+    preempted: list[str] = []
+    for _ in range(40):
+        if old.status.finished and new.status.finished:
+            break
+        out, _ = run_step(s)
+        preempted += out.preempted_ids
+    assert new.request_id in preempted and old.request_id not in preempted
+    assert new.num_preemptions >= 1
+    assert old.output_token_ids == [7] * 12 and new.output_token_ids == [7] * 12
+    assert s.kv is not None and s.kv.pool.num_free == 6
+
+
+def test_eos_finishes_unless_ignore_eos() -> None:
+    s = make_scheduler()
+    r = make_request(max_tokens=5, eos=frozenset({7}))
+    s.add(r)
+    _, events = run_step(s, token=7)
+    assert events[0].finish_reason == "stop"
+
+
+def test_encode_only_role_parks_request_for_migration_with_pages_held() -> None:
+    s = make_scheduler(role=Role.E)
+    r = make_request(image_hashes=("a",))
+    s.add(r)
+    out, _ = run_step(s)
+    assert len(out.encodes) == 1 and not out.prefills
+    assert r.status is RequestStatus.MIGRATING and r.request_id in s.migrating
+    assert s.images is not None and s.images.pool.num_used == 1
+    s.release_migrated(r.request_id)
+    assert s.images.pool.num_used == 0 or s.images.pool.contains("a")  # cached, evictable
+    assert s.images.pool.num_free == s.images.pool.num_blocks
+
+
+def test_prompt_over_context_window_is_rejected_at_add() -> None:
+    s = make_scheduler(max_model_len=16)
+    with pytest.raises(ValueError, match="context window"):
+        s.add(make_request(num_prompt_tokens=20))
+
+
+def test_abort_frees_pages() -> None:
+    s = make_scheduler()
+    r = make_request(num_prompt_tokens=10, max_tokens=50)
+    s.add(r)
+    run_step(s)
+    s.abort(r.request_id)
+    assert r.status is RequestStatus.FINISHED_ABORTED
+    assert s.kv is not None and s.kv.pool.num_used == 0
+    assert not s.has_work()
