@@ -1,0 +1,1 @@
+"""The router: OpenAI endpoint, instance registry, modality-aware routing, trace, SLO metrics."""

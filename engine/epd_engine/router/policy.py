@@ -1,0 +1,65 @@
+"""Routing policy seam (pure Python: the simulator uses the same classes).
+
+The router picks the entry pool by modality (images enter an encode-capable pool, text
+skips E), then the least-loaded instance in it; a source picks its migration target the
+same way among instances of the next stage's pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from epd_engine.config import Method, Role, Stage
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    """What an instance reports in its heartbeat."""
+
+    instance_id: str
+    url: str
+    role: Role
+    pool: str
+    num_waiting: int = 0
+    num_running: int = 0
+    free_kv_blocks: int = 0
+    free_image_blocks: int = 0
+
+    @property
+    def queue_depth(self) -> int:
+        return self.num_waiting + self.num_running
+
+
+class RoutingPolicy(Protocol):
+    """Contract: return one of ``candidates`` (never empty); must not mutate them."""
+
+    def choose(self, candidates: Sequence[InstanceLoad]) -> InstanceLoad: ...
+
+
+class LeastLoaded:
+    """Fewest queued+running requests; ties go to more free cache pages, then the id."""
+
+    def choose(self, candidates: Sequence[InstanceLoad]) -> InstanceLoad:
+        if not candidates:
+            raise ValueError("no instance to choose from")
+        return min(
+            candidates,
+            key=lambda c: (c.queue_depth, -(c.free_kv_blocks + c.free_image_blocks), c.instance_id),
+        )
+
+
+def first_stage(has_images: bool) -> Stage:
+    """Text-only requests skip encode."""
+    return Stage.ENCODE if has_images else Stage.PREFILL
+
+
+def entry_role(method: Method, has_images: bool) -> Role:
+    return method.role_for(first_stage(has_images))
+
+
+def entry_candidates(instances: Sequence[InstanceLoad], has_images: bool) -> list[InstanceLoad]:
+    """Instances whose role runs the request's first stage (works for any set of pools)."""
+    stage = first_stage(has_images)
+    return [i for i in instances if i.role.runs(stage)]
