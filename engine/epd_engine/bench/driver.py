@@ -1,0 +1,189 @@
+"""Async load driver: replays a trace against any OpenAI-compatible endpoint.
+
+Open loop: each request is sent at its trace arrival time (bounded by ``max_concurrency``),
+streamed with the real ``openai`` client, and measured client-side: TTFT (send → first content
+chunk), every inter-token gap, end-to-end latency. Output lengths are fixed with ``max_tokens``
+plus ``ignore_eos`` (HydraInfer records lengths once and replays them this way). Errors are
+recorded per request, never raised; requests cut off by ``max_duration_s`` count as errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from epd_engine.bench.arrivals import at_rate
+from epd_engine.bench.metrics import RequestResult
+from epd_engine.bench.payloads import chat_messages
+from epd_engine.trace import TraceRecord, sort_by_arrival
+
+# Non-standard chunk field a server may use to report per-stage seconds (encode, prefill, ...).
+STAGE_FIELD = "epd_stage_s"
+PATH_FIELD = "epd_path"
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    endpoint: str  # base URL incl. /v1, e.g. http://127.0.0.1:8000/v1
+    model: str
+    api_key: str = "EMPTY"
+    max_concurrency: int = 256
+    max_duration_s: float | None = None  # wall-clock bound for one run
+    request_timeout_s: float = 600.0
+    ignore_eos: bool = True
+    image_format: str = "jpeg"
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    progress: bool = True
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.image_format not in ("jpeg", "png"):
+            raise ValueError(f"image_format must be jpeg or png, got {self.image_format!r}")
+
+
+def _error_text(exc: BaseException) -> str:
+    message = str(exc).replace("\n", " ")[:200]
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+async def _send(
+    client: Any,
+    config: DriverConfig,
+    record: TraceRecord,
+    messages: list[dict[str, Any]],
+    scheduled: float,
+    limit: asyncio.Semaphore,
+    t0: float,
+) -> RequestResult:
+    await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+    async with limit:
+        sent = time.perf_counter()
+        token_times: list[float] = []
+        usage_tokens: int | None = None
+        stage_s: dict[str, float] | None = None
+        path: tuple[str, ...] | None = None
+        error: str | None = None
+        try:
+            stream = await client.chat.completions.create(
+                model=config.model,
+                messages=messages,
+                max_tokens=record.output_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": config.ignore_eos, **config.extra_body},
+            )
+            async for chunk in stream:
+                now = time.perf_counter()
+                if any(choice.delta and choice.delta.content for choice in chunk.choices):
+                    token_times.append(now)
+                if chunk.usage is not None:
+                    usage_tokens = chunk.usage.completion_tokens
+                extra = chunk.model_extra or {}
+                if isinstance(extra.get(STAGE_FIELD), dict):
+                    stage_s = {str(k): float(v) for k, v in extra[STAGE_FIELD].items()}
+                if isinstance(extra.get(PATH_FIELD), list):
+                    path = tuple(str(p) for p in extra[PATH_FIELD])
+            if not token_times:
+                error = "EmptyResponse: stream ended without content"
+        except asyncio.CancelledError:
+            error = "Cancelled: bench time limit reached"
+        except Exception as exc:  # any failure is a data point, not a crash
+            error = _error_text(exc)
+        end = time.perf_counter()
+    return RequestResult(
+        request_id=record.request_id or "",
+        arrival_s=sent - t0,
+        prompt_tokens=record.prompt_tokens,
+        num_images=record.num_images,
+        output_tokens=record.output_tokens,
+        ttft_s=token_times[0] - sent if token_times else None,
+        itl_s=tuple(b - a for a, b in itertools.pairwise(token_times)),
+        e2e_s=end - sent,
+        num_output_tokens=usage_tokens if usage_tokens is not None else len(token_times),
+        error=error,
+        send_delay_s=max(0.0, sent - scheduled),
+        stage_s=stage_s,
+        path=path,
+    )
+
+
+def _make_client(config: DriverConfig) -> Any:
+    import openai
+
+    # No retries: a retried request would report the sum of both attempts as its latency.
+    # The client's pool (1,000 connections) exceeds any sane concurrency; our semaphore bounds it.
+    return openai.AsyncOpenAI(
+        base_url=config.endpoint,
+        api_key=config.api_key,
+        max_retries=0,
+        timeout=config.request_timeout_s,
+    )
+
+
+async def run_trace(records: Sequence[TraceRecord], config: DriverConfig) -> list[RequestResult]:
+    """Replay ``records`` (by arrival time) and return one result per record, in arrival order.
+
+    Payloads (prompt text, encoded images) are built before the clock starts so image
+    encoding never delays a send.
+    """
+    from tqdm import tqdm
+
+    ordered = sort_by_arrival(records)
+    messages = [chat_messages(r, i, config.image_format) for i, r in enumerate(ordered)]
+    client = _make_client(config)
+    limit = asyncio.Semaphore(config.max_concurrency)
+    desc = f"bench {config.label}".strip()
+    with tqdm(total=len(ordered), desc=desc, unit="req", disable=not config.progress) as bar:
+        t0 = time.perf_counter()
+        start = ordered[0].arrival_s if ordered else 0.0
+        tasks = [
+            asyncio.create_task(_send(client, config, r, m, t0 + r.arrival_s - start, limit, t0))
+            for r, m in zip(ordered, messages, strict=True)
+        ]
+        for task in tasks:
+            task.add_done_callback(lambda _t: bar.update(1))
+        try:
+            await asyncio.wait(tasks, timeout=config.max_duration_s)
+        finally:
+            for task in tasks:
+                task.cancel()  # unfinished: recorded as cut off by the time limit
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+    out: list[RequestResult] = []
+    for record, result in zip(ordered, results, strict=True):
+        if isinstance(result, RequestResult):
+            out.append(result)
+        else:  # cancelled before it was even sent
+            out.append(
+                RequestResult(
+                    request_id=record.request_id or "",
+                    arrival_s=record.arrival_s - start,
+                    prompt_tokens=record.prompt_tokens,
+                    num_images=record.num_images,
+                    output_tokens=record.output_tokens,
+                    error="NotSent: bench time limit reached",
+                )
+            )
+    return out
+
+
+def replay(records: Sequence[TraceRecord], config: DriverConfig) -> list[RequestResult]:
+    """Blocking ``run_trace`` (own event loop); for CLIs and ``find_goodput``."""
+    return asyncio.run(run_trace(records, config))
+
+
+def rate_runner(
+    records: Sequence[TraceRecord], config: DriverConfig
+) -> Callable[[float], list[RequestResult]]:
+    """``run(rate_rps)`` for ``goodput.find_goodput``/``sweep``: the trace replayed at that rate."""
+
+    def run(rate_rps: float) -> list[RequestResult]:
+        return replay(at_rate(records, rate_rps), config)
+
+    return run
