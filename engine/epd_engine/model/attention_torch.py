@@ -1,0 +1,83 @@
+"""Reference paged attention in plain torch: the CPU path and the yardstick for GPU kernels.
+
+Per sequence it gathers the sequence's pages into a contiguous K/V and runs SDPA with a
+causal mask offset by the tokens already cached. Slow for big batches, exact for all.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from epd_engine.model.attention import AttentionMetadata
+
+
+def write_kv_cache(
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+    block_size: int,
+) -> None:
+    """Store this step's K/V at their slots (``block_id * block_size + offset``)."""
+    slots = slot_mapping.to(kv_cache.device)
+    block_ids = torch.div(slots, block_size, rounding_mode="floor")  # [T]
+    offsets = slots % block_size  # [T]
+    kv_cache[block_ids, 0, offsets] = k.to(kv_cache.dtype)
+    kv_cache[block_ids, 1, offsets] = v.to(kv_cache.dtype)
+
+
+def gather_kv(
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+    block_table: list[int],
+    context_len: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first ``context_len`` cached K and V, each ``[context_len, Hkv, D]``."""
+    num_pages = -(-context_len // block_size)
+    if num_pages > len(block_table):
+        raise ValueError(f"block table has {len(block_table)} pages, need {num_pages}")
+    pages = torch.tensor(block_table[:num_pages], dtype=torch.long, device=kv_cache.device)
+    kv = kv_cache.index_select(0, pages)  # [n, 2, block_size, Hkv, D]
+    k = kv[:, 0].flatten(0, 1)[:context_len]  # [ctx, Hkv, D]
+    v = kv[:, 1].flatten(0, 1)[:context_len]
+    return k, v
+
+
+class TorchPagedAttention:
+    """``AttentionBackend`` with torch ops only (see ``attention.AttentionBackend``)."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping, meta.block_size)
+        num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+        out = torch.empty_like(q)  # [T, Hq, D]
+        for seq in range(meta.num_seqs):
+            start, end = meta.query_start_loc[seq], meta.query_start_loc[seq + 1]
+            q_len, context_len = end - start, meta.context_lens[seq]
+            if q_len == 0:
+                continue
+            if q_len > context_len:
+                raise ValueError(f"sequence {seq}: {q_len} new tokens but context {context_len}")
+            k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], context_len, meta.block_size)
+            # Query j sits at position context_len - q_len + j and sees keys 0..that position.
+            q_pos = torch.arange(context_len - q_len, context_len, device=q.device)  # [q_len]
+            k_pos = torch.arange(context_len, device=q.device)  # [ctx]
+            mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+            seq_out = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1),  # [Hq, q_len, D]
+                k_ctx.to(q.dtype).transpose(0, 1),  # [Hkv, ctx, D]
+                v_ctx.to(q.dtype).transpose(0, 1),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=num_q_heads != num_kv_heads,
+            )  # [Hq, q_len, D]
+            out[start:end] = seq_out.transpose(0, 1)
+        return out

@@ -1,0 +1,192 @@
+"""LLaVA-1.5 split into the two parts that run on different instances.
+
+``LlavaVision`` (the E stage) turns images into embeddings the size of text embeddings;
+``LlavaLanguage`` (P and D) is a LLaMA decoder over a flat, ragged batch of tokens with a
+paged KV cache behind an injected ``AttentionBackend``. Parameter names mirror the hub's
+(minus prefixes, with fused ``qkv_proj`` / ``gate_up_proj``) so the loader maps them 1:1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from epd_engine.model.attention import AttentionBackend, AttentionMetadata
+from epd_engine.model.attention_torch import TorchPagedAttention
+from epd_engine.model.layers import (
+    ClipEncoderLayer,
+    ClipVisionEmbeddings,
+    RMSNorm,
+    SwiGLUMLP,
+    activation,
+    apply_rope,
+    rope_cos_sin,
+)
+from epd_engine.model.model_config import LlavaModelConfig
+
+
+class ClipVisionModel(nn.Module):
+    """CLIP ViT truncated after the layer LLaVA reads (``vision_feature_layer``)."""
+
+    def __init__(self, config: LlavaModelConfig) -> None:
+        super().__init__()
+        vc = config.vision
+        self.embeddings = ClipVisionEmbeddings(
+            vc.num_channels, vc.hidden_size, vc.image_size, vc.patch_size
+        )
+        self.pre_layrnorm = nn.LayerNorm(vc.hidden_size, eps=vc.layer_norm_eps)  # hub spelling
+        self.layers = nn.ModuleList(
+            ClipEncoderLayer(
+                vc.hidden_size, vc.intermediate_size, vc.num_heads, vc.layer_norm_eps, vc.hidden_act
+            )
+            for _ in range(vc.num_layers_used)
+        )
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [N, C, S, S] -> [N, P+1, Hv]
+        hidden = self.pre_layrnorm(self.embeddings(pixel_values))
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return hidden
+
+
+class LlavaProjector(nn.Module):
+    """Two linears with GELU between: vision width -> text width."""
+
+    def __init__(self, config: LlavaModelConfig) -> None:
+        super().__init__()
+        bias = config.projector_bias
+        self.linear_1 = nn.Linear(config.vision.hidden_size, config.hidden_size, bias=bias)
+        self.act = activation(config.projector_hidden_act)
+        self.linear_2 = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, P, Hv] -> [N, P, H]
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class LlavaVision(nn.Module):
+    """Images -> ``num_image_tokens`` embeddings each, ready to replace ``<image>`` tokens."""
+
+    def __init__(self, config: LlavaModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vision_model = ClipVisionModel(config)
+        self.multi_modal_projector = LlavaProjector(config)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [N, 3, S, S] -> [N, I, H]
+        dtype = self.multi_modal_projector.linear_1.weight.dtype
+        features = self.vision_model(pixel_values.to(dtype))  # [N, P+1, Hv]
+        if not self.config.vision.keep_cls:
+            features = features[:, 1:]  # [N, P, Hv]: "default" strategy drops CLS
+        return self.multi_modal_projector(features)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.attention = attention
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H]
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)  # [T, Hq, D]
+        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        out = self.attention.forward(q, k, v, kv_cache, meta, self.head_dim**-0.5)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, attention)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlavaLanguage(nn.Module):
+    """LLaMA decoder + LM head over a flat batch of tokens (prefill chunks and decodes mixed)."""
+
+    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend | None = None):
+        super().__init__()
+        self.config = config
+        self.attention: AttentionBackend = attention or TorchPagedAttention()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, self.attention) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        return self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T] int64 absolute positions
+        kv_caches: list[torch.Tensor],  # per layer [num_blocks, 2, block_size, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H], final norm applied
+        hidden = inputs_embeds.to(self.embed_tokens.weight.dtype)
+        cos, sin = rope_cos_sin(
+            positions.to(hidden.device), self.config.head_dim, self.config.rope_theta, hidden.dtype
+        )
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, sin, kv_cache, meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
+        return self.lm_head(hidden).float()
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        """Zeroed paged caches, one ``[num_blocks, 2, block_size, Hkv, D]`` per layer."""
+        weight = self.embed_tokens.weight
+        shape = (num_blocks, 2, block_size, self.config.num_kv_heads, self.config.head_dim)
+        return [
+            torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+            for _ in range(self.config.num_layers)
+        ]
+
+
+def scatter_image_embeddings(
+    inputs_embeds: torch.Tensor,  # [T, H]
+    input_ids: torch.Tensor,  # [T]
+    image_embeds: torch.Tensor,  # [num_image_token_rows, H], images in prompt order
+    image_token_index: int,
+) -> torch.Tensor:
+    """Replace the ``<image>`` placeholder rows with image embeddings, in order."""
+    mask = input_ids.to(inputs_embeds.device) == image_token_index  # [T]
+    num_placeholders = int(mask.sum())
+    if num_placeholders != image_embeds.shape[0]:
+        raise ValueError(
+            f"{num_placeholders} image placeholder tokens but {image_embeds.shape[0]} "
+            "image embedding rows"
+        )
+    merged = inputs_embeds.clone()
+    merged[mask] = image_embeds.to(merged.dtype)
+    return merged

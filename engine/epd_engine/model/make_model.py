@@ -1,0 +1,204 @@
+"""Write a random-weight LLaVA checkpoint in the exact layout of ``llava-hf/llava-1.5-7b-hf``.
+
+Weights are generated shard by shard (only one shard in memory), each tensor from its own
+seed so values do not depend on the shard layout. The init keeps activations at unit
+scale and gives logits a spread of a few units, so greedy argmax is decided by the
+weights, not by float rounding: parity tests against transformers stay stable.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from epd_engine.model.make_tokenizer import write_tokenizer_files
+from epd_engine.model.presets import PRESETS, LlavaPreset
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+LOGIT_SCALE = 4.0  # std of logits for unit-RMS final hidden states
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # hub name
+    shape: tuple[int, ...]
+    init: str  # "normal" (std given) | "norm_weight" | "bias"
+    std: float = 1.0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def _linear(
+    name: str, fan_out: int, fan_in: int, bias: bool, gain: float = 1.0
+) -> list[TensorSpec]:
+    specs = [TensorSpec(f"{name}.weight", (fan_out, fan_in), "normal", gain / fan_in**0.5)]
+    if bias:
+        specs.append(TensorSpec(f"{name}.bias", (fan_out,), "bias"))
+    return specs
+
+
+def _norm(name: str, hidden: int, bias: bool) -> list[TensorSpec]:
+    specs = [TensorSpec(f"{name}.weight", (hidden,), "norm_weight")]
+    if bias:
+        specs.append(TensorSpec(f"{name}.bias", (hidden,), "bias"))
+    return specs
+
+
+def tensor_specs(preset: LlavaPreset) -> list[TensorSpec]:
+    """Every tensor of the hub checkpoint, in hub naming and a stable order."""
+    vc, tc = preset.vision_config, preset.text_config
+    hv, p, c = vc["hidden_size"], vc["patch_size"], vc.get("num_channels", 3)
+    specs = [
+        TensorSpec("vision_tower.vision_model.embeddings.class_embedding", (hv,), "normal"),
+        TensorSpec(
+            "vision_tower.vision_model.embeddings.patch_embedding.weight",
+            (hv, c, p, p),
+            "normal",
+            1 / (c * p * p) ** 0.5,
+        ),
+        TensorSpec(
+            "vision_tower.vision_model.embeddings.position_embedding.weight",
+            (preset.num_image_tokens + 1, hv),
+            "normal",
+        ),
+        *_norm("vision_tower.vision_model.pre_layrnorm", hv, bias=True),
+    ]
+    for i in range(vc["num_hidden_layers"]):
+        base = f"vision_tower.vision_model.encoder.layers.{i}"
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            specs += _linear(f"{base}.self_attn.{proj}", hv, hv, bias=True)
+        specs += _norm(f"{base}.layer_norm1", hv, bias=True)
+        specs += _linear(f"{base}.mlp.fc1", vc["intermediate_size"], hv, bias=True)
+        specs += _linear(f"{base}.mlp.fc2", hv, vc["intermediate_size"], bias=True)
+        specs += _norm(f"{base}.layer_norm2", hv, bias=True)
+    specs += _norm("vision_tower.vision_model.post_layernorm", hv, bias=True)
+    h, inter = tc["hidden_size"], tc["intermediate_size"]
+    specs += _linear("multi_modal_projector.linear_1", h, hv, bias=True)
+    specs += _linear("multi_modal_projector.linear_2", h, h, bias=True)
+
+    head_dim = h // tc["num_attention_heads"]
+    q_size, kv_size = h, tc["num_key_value_heads"] * head_dim
+    specs.append(
+        TensorSpec("language_model.model.embed_tokens.weight", (tc["vocab_size"], h), "normal")
+    )
+    for i in range(tc["num_hidden_layers"]):
+        base = f"language_model.model.layers.{i}"
+        specs += _linear(f"{base}.self_attn.q_proj", q_size, h, bias=False)
+        specs += _linear(f"{base}.self_attn.k_proj", kv_size, h, bias=False)
+        specs += _linear(f"{base}.self_attn.v_proj", kv_size, h, bias=False)
+        specs += _linear(f"{base}.self_attn.o_proj", h, q_size, bias=False)
+        specs += _linear(f"{base}.mlp.gate_proj", inter, h, bias=False)
+        specs += _linear(f"{base}.mlp.up_proj", inter, h, bias=False)
+        specs += _linear(f"{base}.mlp.down_proj", h, inter, bias=False)
+        specs += _norm(f"{base}.input_layernorm", h, bias=False)
+        specs += _norm(f"{base}.post_attention_layernorm", h, bias=False)
+    specs += _norm("language_model.model.norm", h, bias=False)
+    specs += _linear("language_model.lm_head", tc["vocab_size"], h, bias=False, gain=LOGIT_SCALE)
+    return specs
+
+
+def random_tensor(spec: TensorSpec, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Deterministic per (seed, name): the same tensor whatever the shard layout."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(spec.name.encode()))
+    values = torch.randn(spec.shape, generator=generator)
+    if spec.init == "norm_weight":
+        values = 1.0 + 0.1 * values  # near 1, but not exactly: a skipped norm changes logits
+    elif spec.init == "bias":
+        values = 0.1 * values
+    else:
+        values = spec.std * values
+    return values.to(dtype)
+
+
+def plan_shards(
+    specs: list[TensorSpec], bytes_per_value: int, max_shard_bytes: int
+) -> list[list[TensorSpec]]:
+    """Greedy consecutive groups of at most ``max_shard_bytes`` (one tensor may exceed it)."""
+    shard: list[TensorSpec] = []
+    shard_bytes = 0
+    shards: list[list[TensorSpec]] = []
+    for spec in specs:
+        size = spec.numel * bytes_per_value
+        if shard and shard_bytes + size > max_shard_bytes:
+            shards.append(shard)
+            shard, shard_bytes = [], 0
+        shard.append(spec)
+        shard_bytes += size
+    if shard:
+        shards.append(shard)
+    return shards
+
+
+def make_model(
+    preset: str,
+    out_dir: Path,
+    seed: int = 0,
+    dtype: str | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    show_progress: bool = True,
+) -> Path:
+    """Write config, weights, tokenizer and processor files of ``preset`` into ``out_dir``."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    spec_preset = PRESETS[preset]
+    dtype_name = dtype or spec_preset.default_dtype
+    torch_dtype = getattr(torch, dtype_name, None)
+    if dtype_name not in ("float32", "float16", "bfloat16") or torch_dtype is None:
+        raise ValueError(f"unsupported dtype {dtype_name!r}: use float32, float16 or bfloat16")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(
+        json.dumps(spec_preset.hf_config(dtype_name), indent=2) + "\n"
+    )
+    write_tokenizer_files(spec_preset, out_dir)
+    _write_weights(spec_preset, out_dir, seed, torch_dtype, max_shard_bytes, show_progress)
+    return out_dir
+
+
+def _write_weights(
+    preset: LlavaPreset,
+    out_dir: Path,
+    seed: int,
+    dtype: torch.dtype,
+    max_shard_bytes: int,
+    show_progress: bool,
+) -> None:
+    bytes_per_value = torch.empty((), dtype=dtype).element_size()
+    specs = tensor_specs(preset)
+    shards = plan_shards(specs, bytes_per_value, max_shard_bytes)
+    total_bytes = sum(spec.numel for spec in specs) * bytes_per_value
+    weight_map: dict[str, str] = {}
+    with tqdm(
+        total=total_bytes, unit="B", unit_scale=True, disable=not show_progress, desc="weights"
+    ) as bar:
+        for file_name, shard in _named_shards(shards):
+            tensors = {}
+            for spec in shard:
+                tensors[spec.name] = random_tensor(spec, seed, dtype)
+                weight_map[spec.name] = file_name
+                bar.update(spec.numel * bytes_per_value)
+            save_file(tensors, str(out_dir / file_name), metadata={"format": "pt"})
+            del tensors  # only one shard in memory
+    if len(shards) > 1:
+        index_data = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index_data, indent=2))
+
+
+def _named_shards(shards: list[list[TensorSpec]]) -> Iterator[tuple[str, list[TensorSpec]]]:
+    if len(shards) == 1:
+        yield "model.safetensors", shards[0]
+        return
+    for i, shard in enumerate(shards):
+        yield f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors", shard
