@@ -41,7 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 class UserError(Exception):
     """A problem the user can fix (bad file, bad flag value): printed without a traceback."""
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -112,6 +112,9 @@ class EngineConfig:
     slo: SLO = field(default_factory=SLO)
     budget_alpha: float = 0.5  # iteration must stay under alpha * TTFT (or TPOT when decoding)
     seed: int = 0
+    cpu_threads: int = (
+        1  # per instance; several instances share the cores, oversubscribing is 20x slower
+    )
 
     def __post_init__(self) -> None:
         for name in ("kv_block_size", "num_kv_blocks", "num_image_blocks", "max_num_running"):

@@ -36,6 +36,7 @@ class StepStats:
     duration_s: float
     num_tokens: int
     num_images: int
+    num_decodes: int
     stages: set[Stage] = field(default_factory=set)
     queue_waits: list[tuple[Stage, float]] = field(default_factory=list)
 
@@ -43,6 +44,8 @@ class StepStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.device == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         self.model_config = LlavaModelConfig.from_dir(config.model_dir)
         dtype = _DTYPES[config.dtype]
         role = config.role
@@ -152,7 +155,7 @@ class LLMEngine:
     def step(self) -> tuple[list[RequestEvent], StepStats]:
         start = time.monotonic()
         out = self.scheduler.schedule()
-        stats = StepStats(0.0, out.num_batched_tokens, out.num_images)
+        stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
         sampled = self.runner.execute(out, pixels, self._params)

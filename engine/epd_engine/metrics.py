@@ -69,6 +69,13 @@ class Metrics:
             registry=r,
             buckets=_BATCH_BUCKETS,
         )
+        self.batch_decodes = Histogram(
+            "epd_batch_decode_requests",
+            "Requests decoded together in one iteration.",
+            _BASE,
+            registry=r,
+            buckets=_BATCH_BUCKETS[:10],
+        )
         self.batch_images = Histogram(
             "epd_batch_images",
             "Images encoded per iteration.",

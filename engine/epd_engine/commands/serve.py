@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--image-budget", type=int, help="images per iteration (default: searched against the SLO)"
     )
     p.add_argument("--max-num-running", type=int, default=256)
+    p.add_argument("--max-images-per-request", type=int, default=8)
+    p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
+    p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
     p.add_argument("--log-level", default="info")
@@ -54,6 +57,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             token_budget=args.token_budget,
             image_budget=args.image_budget,
             max_num_running=args.max_num_running,
+            max_images_per_request=args.max_images_per_request,
+            max_image_bytes=args.max_image_bytes,
+            max_model_len=args.max_model_len,
             slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
         )
     except ValueError as exc:

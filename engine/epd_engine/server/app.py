@@ -36,6 +36,8 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):  # type: ignore[no-unty
     def record(stats: StepStats) -> None:
         nonlocal last_hits, last_lookups
         metrics.batch_tokens.labels(**labels).observe(stats.num_tokens)
+        if stats.num_decodes:
+            metrics.batch_decodes.labels(**labels).observe(stats.num_decodes)
         if stats.num_images:
             metrics.batch_images.labels(**labels).observe(stats.num_images)
         for stage in stats.stages:

@@ -1,0 +1,68 @@
+"""Start real server processes on 127.0.0.1 for end-to-end tests, and stop them for sure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+EPDCTL = [sys.executable, "-m", "epd_engine"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def running(
+    args: Sequence[str], ready_url: str, log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``epdctl ARGS`` until the block ends; its output goes to ``log``."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*EPDCTL, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    try:
+        wait_ready(ready_url, proc, log)
+        yield proc
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
