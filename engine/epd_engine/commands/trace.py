@@ -1,0 +1,170 @@
+"""``epdctl trace``: generate, inspect, rescale and window request traces (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from epd_engine.cli import UserError
+
+
+def add_workload_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """Flags shared with ``epdctl bench`` for generating a trace on the fly."""
+    parser.add_argument("--workload", required=required, help="generator name (trace workloads)")
+    parser.add_argument("--num", type=int, default=200, help="number of requests (default 200)")
+    parser.add_argument("--rate", type=float, help="mean arrival rate, req/s")
+    parser.add_argument(
+        "--arrival",
+        choices=("poisson", "gamma", "uniform"),
+        default="poisson",
+        help="arrival process (default poisson)",
+    )
+    parser.add_argument("--cv", type=float, default=2.0, help="gamma inter-arrival CV (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--model-family",
+        default="llava-1.5",
+        help="visual tokens per image: llava-1.5, llava-next, qwen2-vl, qwen3-vl",
+    )
+    parser.add_argument(
+        "--text-only-fraction", type=float, help="override the share of text-only requests"
+    )
+
+
+def generate_from_args(args: argparse.Namespace) -> list[Any]:
+    """Build a trace from the workload flags; UserError on bad values."""
+    from epd_engine.bench.arrivals import ArrivalSpec
+    from epd_engine.bench.workloads import synthesize
+
+    if args.rate is None:
+        raise UserError("--rate is required with --workload")
+    if args.num < 1:
+        raise UserError(f"--num must be >= 1, got {args.num}")
+    try:
+        arrivals = ArrivalSpec(args.arrival, args.rate, args.cv)
+        return synthesize(
+            args.workload,
+            args.num,
+            arrivals,
+            seed=args.seed,
+            image_tokenizer=args.model_family,
+            text_only_fraction=args.text_only_fraction,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def load_trace(path: str) -> list[Any]:
+    from epd_engine.trace import TraceFormatError, read_trace
+
+    try:
+        records = read_trace(path)
+    except TraceFormatError as exc:
+        raise UserError(str(exc)) from exc
+    if not records:
+        raise UserError(f"{path}: trace has no requests")
+    return records
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from epd_engine.trace import summarize_trace, write_trace
+
+    records = generate_from_args(args)
+    write_trace(records, args.output)
+    print(f"wrote {len(records)} requests to {args.output}: {json.dumps(summarize_trace(records))}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from epd_engine.trace import summarize_trace
+
+    summary = summarize_trace(load_trace(args.trace))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        width = max(len(k) for k in summary)
+        for key, value in summary.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from epd_engine.bench.arrivals import at_rate
+    from epd_engine.trace import write_trace
+
+    if args.rate <= 0:
+        raise UserError(f"--rate must be > 0, got {args.rate}")
+    records = at_rate(load_trace(args.trace), args.rate)
+    write_trace(records, args.output)
+    print(f"wrote {len(records)} requests at {args.rate} req/s to {args.output}")
+    return 0
+
+
+def _window(args: argparse.Namespace) -> int:
+    from epd_engine.trace import tail_window, window, write_trace
+
+    records = load_trace(args.trace)
+    if args.last is not None:
+        selected = tail_window(records, args.last)
+    else:
+        try:
+            selected = window(records, args.start, args.end if args.end is not None else 1e18)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+    write_trace(selected, args.output)
+    print(f"wrote {len(selected)} of {len(records)} requests to {args.output}")
+    return 0
+
+
+def _workloads(args: argparse.Namespace) -> int:
+    from epd_engine.bench.workloads import describe_workloads
+
+    rows = describe_workloads()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return 0
+    for row in rows:
+        print(
+            f"{row['name']:<18} prompt {row['mean_prompt_tokens']:>6} tok  "
+            f"out {row['mean_output_tokens']:>6} tok  "
+            f"images/req {row['mean_images_per_request']:<5}"
+            f" {row['summary']}\n{'':<18} source: {row['source']}"
+        )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("trace", help="generate, inspect, rescale and window traces")
+    sub = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    gen = sub.add_parser("generate", help="synthesize a trace from a workload generator")
+    add_workload_args(gen, required=True)
+    gen.add_argument("-o", "--output", type=Path, required=True, help="JSONL file to write")
+    gen.set_defaults(func=_generate)
+
+    show = sub.add_parser("show", help="summarize a trace (requests, rate, tokens, images)")
+    show.add_argument("trace")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=_show)
+
+    scale = sub.add_parser("scale", help="replay a trace's arrival pattern at another rate")
+    scale.add_argument("trace")
+    scale.add_argument("--rate", type=float, required=True, help="target mean rate, req/s")
+    scale.add_argument("-o", "--output", type=Path, required=True)
+    scale.set_defaults(func=_scale)
+
+    win = sub.add_parser("window", help="cut a time window (rebased to start at 0)")
+    win.add_argument("trace")
+    win.add_argument("--start", type=float, default=0.0, help="seconds (inclusive)")
+    win.add_argument("--end", type=float, help="seconds (exclusive)")
+    win.add_argument("--last", type=float, help="the last N seconds instead of --start/--end")
+    win.add_argument("-o", "--output", type=Path, required=True)
+    win.set_defaults(func=_window)
+
+    workloads = sub.add_parser("workloads", help="list workload generators and their sources")
+    workloads.add_argument("--json", action="store_true")
+    workloads.set_defaults(func=_workloads)

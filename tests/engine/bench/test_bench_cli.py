@@ -1,0 +1,87 @@
+"""``epdctl trace`` and ``epdctl bench`` end to end (bench against the fake OpenAI server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from epd_engine.bench.report import load_report
+from epd_engine.cli import main
+from epd_engine.trace import read_trace
+
+from tests.engine.bench.fake_openai import FakeOpenAI
+
+
+def test_trace_generate_show_scale_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    args = ["trace", "generate", "--workload", "textcaps", "--rate", "2", "--num", "40", "-o"]
+    assert main([*args, str(trace)]) == 0
+    assert len(read_trace(trace)) == 40
+    assert main(["trace", "show", str(trace), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert shown["num_requests"] == 40 and shown["mean_image_tokens"] == 576
+    fast = tmp_path / "fast.jsonl"
+    assert main(["trace", "scale", str(trace), "--rate", "8", "-o", str(fast)]) == 0
+    assert json.loads(json.dumps(shown))["digest"] != ""
+    from epd_engine.trace import mean_rate_rps
+
+    assert mean_rate_rps(read_trace(fast)) == pytest.approx(8.0)
+    last = tmp_path / "last.jsonl"
+    assert main(["trace", "window", str(fast), "--last", "1", "-o", str(last)]) == 0
+    assert 1 <= len(read_trace(last)) <= 10
+    assert main(["trace", "workloads"]) == 0
+
+
+def test_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n{"arrival_s": 0}\n')
+    assert main(["trace", "show", str(bad)]) == 2
+    assert f"{bad}:2:" in capsys.readouterr().err
+    assert main(["trace", "generate", "--workload", "nope", "--rate", "1", "-o", "x"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+    assert main(["bench", "--trace", str(bad)]) == 2  # no endpoint
+    assert "--endpoint is required" in capsys.readouterr().err
+    assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--trace", str(bad)]) == 2
+    assert "bad.jsonl:2:" in capsys.readouterr().err
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n')
+    assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--trace", str(good)]) == 2
+    assert "pass --model" in capsys.readouterr().err
+
+
+def test_bench_single_run_writes_report_trace_and_plots(
+    fake_openai: FakeOpenAI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_openai.behaviour.stage_s = {"encode": 0.01, "prefill": 0.02}
+    out, plots, measured = tmp_path / "r.json", tmp_path / "plots", tmp_path / "m.jsonl"
+    args = ["bench", "--endpoint", fake_openai.url, "--workload", "pope", "--rate", "50",
+            "--num", "12", "--slo-ttft", "1", "--slo-tpot", "0.1", "--no-progress",
+            "--label", "E+P+D", "--out", str(out), "--plots", str(plots),
+            "--save-trace", str(measured)]  # fmt: skip
+    assert main(args) == 0
+    report = load_report(out)
+    assert report["model"] == "fake-model"  # discovered via /v1/models
+    assert report["summary"]["num_ok"] == 12 and report["summary"]["attainment"] == 1.0
+    assert len(report["requests"]) == 12
+    assert all(r.ttft_s is not None for r in read_trace(measured))
+    assert {p.name for p in plots.iterdir()} == {"latency_cdf.png", "stage_breakdown.png"}
+    assert "SLO attainment 100.0%" in capsys.readouterr().out
+
+
+def test_bench_sweep_and_plot_only_compare(fake_openai: FakeOpenAI, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    main(["trace", "generate", "--workload", "mme", "--rate", "1", "--num", "8", "-o", str(trace)])
+    out = tmp_path / "sweep.json"
+    args = ["bench", "--endpoint", fake_openai.url, "--model", "fake-model", "--trace",
+            str(trace), "--sweep", "20,40", "--no-progress", "--label", "EPD",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    report = load_report(out)
+    assert [p["rate_rps"] for p in report["points"]] == [20.0, 40.0]
+    assert report["goodput_rps"] == 40.0 and report["mode"] == "sweep"
+    plots = tmp_path / "cmp"
+    assert main(["bench", "--compare", str(out), str(out), "--plots", str(plots)]) == 0
+    assert (plots / "attainment_vs_rate.png").stat().st_size > 0

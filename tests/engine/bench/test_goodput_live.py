@@ -1,0 +1,44 @@
+"""Goodput bisection against a real HTTP server whose latency grows with load."""
+
+from __future__ import annotations
+
+from epd_engine.bench.arrivals import ArrivalSpec
+from epd_engine.bench.driver import DriverConfig, rate_runner
+from epd_engine.bench.goodput import find_goodput
+from epd_engine.bench.workloads import random_mm, synthesize
+from epd_engine.config import SLO
+
+from tests.engine.bench.fake_openai import FakeOpenAI
+
+SERVICE_S = 0.04  # one request at a time in the fake's "prefill": capacity 25 req/s
+TTFT_SLO_S = 0.16
+NUM_REQUESTS = 30
+
+
+def expected_goodput_rps() -> float:
+    """Evenly spaced arrivals at rate λ into a FIFO server with service s: request i waits
+    i·(s - 1/λ) when λ > 1/s, so its TTFT is s + i·(s - 1/λ). 90% attainment needs the first
+    27 requests (i <= 26) within the SLO: s + 26·(s - 1/λ) <= SLO."""
+    slack = (TTFT_SLO_S - SERVICE_S) / (0.9 * NUM_REQUESTS - 1)
+    return 1 / (SERVICE_S - slack)  # ≈ 28.3 req/s
+
+
+def test_bisection_lands_on_the_queueing_limit(fake_openai: FakeOpenAI) -> None:
+    fake_openai.behaviour.service_s = SERVICE_S
+    fake_openai.behaviour.first_token_delay_s = 0.0
+    fake_openai.behaviour.token_interval_s = 0.002
+    shape = random_mm(input_len=8, output_len=3, base_items_per_request=0)
+    trace = synthesize(shape, NUM_REQUESTS, ArrivalSpec("uniform", 1.0))
+    run = rate_runner(trace, DriverConfig(endpoint=fake_openai.url, model="m", progress=False))
+    found = find_goodput(
+        run, SLO(ttft_s=TTFT_SLO_S, tpot_s=0.5), start_rps=16.0, rel_tolerance=0.15, max_runs=6
+    )
+    expected = expected_goodput_rps()
+    # Client/server overheads (a few ms per request, more on a loaded machine) only lower the
+    # knee; nothing can push goodput above the server's queueing limit.
+    assert 0.5 * expected <= found.goodput_rps <= 1.1 * expected, found.points
+    assert found.lowest_failing_rps is not None
+    assert found.lowest_failing_rps <= 1.6 * expected
+    passed = [p for p in found.points if p.passed]
+    assert all(p.summary is not None and p.summary.num_errors == 0 for p in found.points)
+    assert max(p.rate_rps for p in passed) == found.goodput_rps
