@@ -73,8 +73,8 @@ class LlavaVision(nn.Module):
         self.multi_modal_projector = LlavaProjector(config)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:  # [N, 3, S, S] -> [N, I, H]
-        dtype = self.multi_modal_projector.linear_1.weight.dtype
-        features = self.vision_model(pixel_values.to(dtype))  # [N, P+1, Hv]
+        weight = self.multi_modal_projector.linear_1.weight
+        features = self.vision_model(pixel_values.to(weight.device, weight.dtype))  # [N, P+1, Hv]
         if not self.config.vision.keep_cls:
             features = features[:, 1:]  # [N, P, Hv]: "default" strategy drops CLS
         return self.multi_modal_projector(features)
