@@ -177,3 +177,15 @@ def test_wrong_shape_is_named(tiny_model_dir, tmp_path):
     )
     with pytest.raises(ModelFormatError, match=re.escape(f"tensor {name} has shape")):
         load_vision(model_dir, torch.float32, "cpu")
+
+
+def test_loads_what_transformers_save_pretrained_writes(hf_model, tmp_path, language, vision):
+    hf_model.save_pretrained(tmp_path / "saved")
+    saved_language = load_language(tmp_path / "saved", torch.float32, "cpu")
+    saved_vision = load_vision(tmp_path / "saved", torch.float32, "cpu")
+    assert saved_language.config == language.config
+    for ours, reference in ((saved_language, language), (saved_vision, vision)):
+        for (name, a), (_, b) in zip(
+            ours.named_parameters(), reference.named_parameters(), strict=True
+        ):
+            assert torch.equal(a, b), name
