@@ -9,8 +9,10 @@ weights, not by float rounding: parity tests against transformers stay stable.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,13 +182,17 @@ def _write_weights(
     shards = plan_shards(specs, bytes_per_value, max_shard_bytes)
     total_bytes = sum(spec.numel for spec in specs) * bytes_per_value
     weight_map: dict[str, str] = {}
-    with tqdm(
+    progress = tqdm(
         total=total_bytes, unit="B", unit_scale=True, disable=not show_progress, desc="weights"
-    ) as bar:
+    )
+    # Sampling is the slow part and torch releases the GIL: one thread per tensor.
+    workers = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+    with progress as bar, workers as pool:
         for file_name, shard in _named_shards(shards):
             tensors = {}
-            for spec in shard:
-                tensors[spec.name] = random_tensor(spec, seed, dtype)
+            values = pool.map(lambda spec: random_tensor(spec, seed, dtype), shard)
+            for spec, tensor in zip(shard, values, strict=True):
+                tensors[spec.name] = tensor
                 weight_map[spec.name] = file_name
                 bar.update(spec.numel * bytes_per_value)
             save_file(tensors, str(out_dir / file_name), metadata={"format": "pt"})
