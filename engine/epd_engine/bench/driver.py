@@ -67,6 +67,7 @@ async def _send(
         sent = time.perf_counter()
         token_times: list[float] = []
         usage_tokens: int | None = None
+        server_prompt_tokens: int | None = None
         stage_s: dict[str, float] | None = None
         path: tuple[str, ...] | None = None
         error: str | None = None
@@ -85,6 +86,7 @@ async def _send(
                     token_times.append(now)
                 if chunk.usage is not None:
                     usage_tokens = chunk.usage.completion_tokens
+                    server_prompt_tokens = chunk.usage.prompt_tokens
                 extra = chunk.model_extra or {}
                 if isinstance(extra.get(STAGE_FIELD), dict):
                     stage_s = {str(k): float(v) for k, v in extra[STAGE_FIELD].items()}
@@ -107,6 +109,7 @@ async def _send(
         itl_s=tuple(b - a for a, b in itertools.pairwise(token_times)),
         e2e_s=end - sent,
         num_output_tokens=usage_tokens if usage_tokens is not None else len(token_times),
+        server_prompt_tokens=server_prompt_tokens,
         error=error,
         send_delay_s=max(0.0, sent - scheduled),
         stage_s=stage_s,

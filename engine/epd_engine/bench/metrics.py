@@ -32,6 +32,7 @@ class RequestResult:
     itl_s: tuple[float, ...] = ()
     e2e_s: float | None = None
     num_output_tokens: int = 0  # received (server usage, else streamed chunks)
+    server_prompt_tokens: int | None = None  # the server's count: template + text + images
     error: str | None = None
     send_delay_s: float = 0.0  # client-side lag behind the scheduled arrival
     stage_s: Mapping[str, float] | None = None  # per-stage seconds, when the server reports them

@@ -78,6 +78,15 @@ def _print_summary(summary: Any, label: str) -> None:
         print(f"  errors: {json.dumps(summary.errors)}")
 
 
+def _stage_means(report: dict[str, Any]) -> dict[str, float]:
+    """Server-reported stage means, else the client-side split: first token vs decode."""
+    summary = report["summary"]
+    if summary.get("stage_mean_s"):
+        return dict(summary["stage_mean_s"])
+    ttft_s, e2e_s = summary["ttft"]["mean_s"], summary["e2e"]["mean_s"]
+    return {"to first token": ttft_s, "decode": max(0.0, e2e_s - ttft_s)}
+
+
 def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]], slo: Any) -> None:
     from epd_engine.bench import plots
     from epd_engine.bench.report import attainment_curve, results_from_report
@@ -98,9 +107,7 @@ def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]],
     if runs:
         written.append(plots.plot_latency_cdfs(runs, out_dir / "latency_cdf.png", slo))
     stages = {
-        r["label"] or f"run {i}": r["summary"]["stage_mean_s"]
-        for i, r in enumerate(reports)
-        if r.get("summary") and r["summary"].get("stage_mean_s")
+        r["label"] or f"run {i}": _stage_means(r) for i, r in enumerate(reports) if r.get("summary")
     }
     if stages:
         written.append(plots.plot_stage_breakdown(stages, out_dir / "stage_breakdown.png"))
@@ -155,7 +162,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.sweep:
             search = sweep(run, _rates(args.sweep), slo, on_point=keep)
         else:
-            start = args.goodput_start or mean_rate_rps(records) or 1.0
+            start = args.goodput_start or args.rate or mean_rate_rps(records) or 1.0
             search = find_goodput(run, slo, start_rps=start, min_rps=min(start, args.goodput_min),
                                   max_rps=max(start, args.goodput_max),
                                   rel_tolerance=args.goodput_tolerance, on_point=keep)  # fmt: skip

@@ -84,4 +84,6 @@ def test_bench_sweep_and_plot_only_compare(fake_openai: FakeOpenAI, tmp_path: Pa
     assert report["goodput_rps"] == 40.0 and report["mode"] == "sweep"
     plots = tmp_path / "cmp"
     assert main(["bench", "--compare", str(out), str(out), "--plots", str(plots)]) == 0
-    assert (plots / "attainment_vs_rate.png").stat().st_size > 0
+    assert {p.name for p in plots.iterdir()} == {
+        "attainment_vs_rate.png", "latency_cdf.png", "stage_breakdown.png"
+    }  # fmt: skip
