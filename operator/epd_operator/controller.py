@@ -1,0 +1,178 @@
+"""One reconcile pass: read actual state, decide (loop.py), write children, return the status.
+
+Framework-free so it can be driven by the kopf timer (handlers.py) or a test. Every pass
+re-reads the cluster; nothing is remembered between passes except what is in ``status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from epd_operator import resources as r
+from epd_operator.kube import Kube
+from epd_operator.loop import Observed, choose_plan, rollout_step, same_plan
+from epd_operator.prometheus import Prometheus
+from epd_operator.router_api import RouterAPI
+from epd_operator.spec import (
+    Condition,
+    EPDDeploymentSpec,
+    EPDDeploymentStatus,
+    PlanStatus,
+)
+
+PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def _ts(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_ts(text: str) -> datetime | None:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
+
+
+def _status(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
+    try:
+        return EPDDeploymentStatus.model_validate(raw or {})
+    except ValidationError:
+        return EPDDeploymentStatus()
+
+
+def merge_conditions(
+    old: list[Condition], new: dict[str, tuple[str, str, str]], generation: int, now: datetime
+) -> list[Condition]:
+    """Conditions in fixed order; lastTransitionTime moves only when the status flips."""
+    before = {c.type: c for c in old}
+    out = []
+    for ctype in ("Ready", "Progressing", "Degraded"):
+        status, reason, message = new[ctype]
+        prev = before.get(ctype)
+        since = prev.last_transition_time if prev and prev.status == status else _ts(now)
+        out.append(
+            Condition.model_validate(
+                {
+                    "type": ctype,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": since,
+                    "observedGeneration": generation,
+                }
+            )
+        )
+    return out
+
+
+def invalid_spec_status(
+    raw_status: dict[str, Any] | None, message: str, generation: int
+) -> dict[str, Any]:
+    status = _status(raw_status)
+    conditions = merge_conditions(
+        status.conditions,
+        {
+            "Ready": ("False", "InvalidSpec", "The spec is invalid; nothing was changed"),
+            "Progressing": ("False", "InvalidSpec", "Fix the spec to continue"),
+            "Degraded": ("True", "InvalidSpec", message),
+        },
+        generation,
+        datetime.now(UTC),
+    )
+    new = status.model_copy(update={"conditions": conditions, "observed_generation": generation})
+    return new.model_dump(mode="json", by_alias=True)
+
+
+def reconcile(
+    kube: Kube,
+    name: str,
+    namespace: str,
+    uid: str,
+    generation: int,
+    raw_spec: dict[str, Any],
+    raw_status: dict[str, Any] | None,
+    post_event: PostEvent,
+    router_timeout_s: float = 2.0,
+) -> dict[str, Any]:
+    """Converge the children of one EPDDeployment; returns the new ``status`` (camelCase)."""
+    now = datetime.now(UTC)
+    try:
+        spec = EPDDeploymentSpec.model_validate(raw_spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "spec." + ".".join(str(p) for p in first["loc"])
+        return invalid_spec_status(raw_status, f"{where}: {first['msg']}", generation)
+    status = _status(raw_status)
+    owner = r.Owner(name=name, namespace=namespace, uid=uid, spec=spec)
+
+    # which plan
+    stats = None
+    if spec.disaggregation.mode == "Auto" and spec.monitoring.prometheus_url:
+        prom = Prometheus(spec.monitoring.prometheus_url)
+        stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
+    last_planned = _parse_ts(status.last_planned)
+    since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
+    plan = choose_plan(spec, status.plan, stats, None, since_plan)
+    plan_status = status.plan
+    if plan_status is None or not same_plan(plan_status.to_plan(), plan):
+        revision = plan_status.revision + 1 if plan_status else 1
+        before = plan_status.summary if plan_status else "none"
+        plan_status = PlanStatus.from_plan(plan, revision)
+        post_event(
+            "Normal",
+            "PlanChanged",
+            f"Plan {before} -> {plan_status.summary} (revision {revision}): {plan.reason}",
+        )
+        last_planned = now
+
+    # shared children
+    token = kube.ensure_secret(lambda t: r.render_secret(owner, t), namespace, r.secret_name(owner))
+    router = RouterAPI(r.router_url(owner), token, router_timeout_s)
+    desired = r.pool_specs(owner, plan)
+    observed = Observed(
+        pools=kube.observe_pools(namespace, name, spec.gpu_resource_name),
+        active_pools=frozenset(status.active_pools),
+        draining_since=_parse_ts(status.draining_since),
+        now=now,
+        in_flight=router.in_flight(),
+        router_ready=kube.router_ready(namespace, r.router_name(owner)),
+    )
+    decision = rollout_step(desired, observed, spec.gpu_budget, spec.rollout.drain_timeout_seconds)
+
+    # write: pools (new ones and drift of existing ones), routing, router, deletions
+    for pool in desired:
+        if pool.name in observed.pools or pool in decision.create:
+            kube.apply(r.render_pool_deployment(owner, pool, plan))
+            kube.apply(r.render_pool_service(owner, pool))
+    if decision.route_to != observed.active_pools:
+        router.set_routing(sorted(decision.route_to))
+    kube.apply(r.render_configmap(owner, plan, sorted(decision.route_to)))
+    kube.apply(r.render_router_deployment(owner))
+    kube.apply(r.render_router_service(owner))
+    for pool_name in decision.delete:
+        kube.delete_pool(namespace, pool_name)
+    for event in decision.events:
+        post_event(event.type, event.reason, event.message)
+
+    ready = sum(
+        1 for p in decision.pools if p.name in {d.name for d in desired} and p.ready >= p.desired
+    )
+    conditions = merge_conditions(
+        status.conditions,
+        {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()},
+        generation,
+        now,
+    )
+    new = EPDDeploymentStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        plan=plan_status,
+        pools=decision.pools,
+        active_pools=sorted(decision.route_to),
+        ready_pools=f"{ready}/{len(desired)}",
+        draining_since=_ts(decision.draining_since) if decision.draining_since else "",
+        last_planned=_ts(last_planned) if last_planned else "",
+    )
+    return new.model_dump(mode="json", by_alias=True)

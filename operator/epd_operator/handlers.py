@@ -1,0 +1,80 @@
+"""Thin kopf handlers: ``kopf run -m epd_operator.handlers --all-namespaces --standalone``.
+
+One level-triggered timer per EPDDeployment calls ``controller.reconcile`` (which re-reads the
+cluster each time) and writes the status it returns. Handlers never sleep: API errors become
+``kopf.TemporaryError`` and the timer comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from epd_operator.controller import reconcile
+from epd_operator.kube import Kube
+from epd_operator.settings import OperatorSettings
+from epd_operator.spec import GROUP, PLURAL, VERSION
+
+SETTINGS = OperatorSettings.from_env()
+_kube: Kube | None = None
+
+
+def _client() -> Kube:
+    global _kube
+    if _kube is None:
+        try:
+            kube_config.load_incluster_config()
+        except kube_config.ConfigException:
+            kube_config.load_kube_config()
+        _kube = Kube()
+    return _kube
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.scanning.disabled = True  # no list/watch on CRDs and namespaces needed
+    settings.posting.level = logging.WARNING  # only warnings become events from kopf's logs
+    settings.watching.server_timeout = 120
+    _client()
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_s, id="reconcile")
+def reconcile_timer(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    uid: str,
+    patch: kopf.Patch,
+    **_: Any,
+) -> None:
+    if meta.get("deletionTimestamp"):
+        return  # children go with their owner (garbage collection)
+
+    def post_event(type_: str, reason: str, message: str) -> None:
+        kopf.event(body, type=type_, reason=reason, message=message)
+
+    try:
+        new_status = reconcile(
+            _client(),
+            name=name,
+            namespace=namespace or "default",
+            uid=uid,
+            generation=int(meta.get("generation", 0)),
+            raw_spec=dict(spec),
+            raw_status={k: v for k, v in status.items() if k != "kopf"},
+            post_event=post_event,
+            router_timeout_s=SETTINGS.router_timeout_s,
+        )
+    except ApiException as exc:
+        raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+    patch.status.update(new_status)

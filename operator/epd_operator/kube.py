@@ -1,0 +1,153 @@
+"""The operator's only door to the API server (kubernetes client, synchronous).
+
+Every call here is one the chart's RBAC grants (charts/epd-operator/templates/rbac.yaml):
+deployments and services and configmaps (get/list/create/update/delete), secrets (get/create),
+pods (list, to explain unschedulable ones).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from epd_engine.config import Role
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from epd_operator.loop import ObservedPool
+from epd_operator.resources import (
+    ANNOTATION_HASH,
+    LABEL_COMPONENT,
+    LABEL_DEPLOYMENT,
+    LABEL_POOL,
+    LABEL_ROLE,
+    Manifest,
+)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+
+    # --- generic apply -----------------------------------------------------------------------
+
+    def _ops(self, kind: str) -> tuple[Any, Any, Any]:
+        ops = {
+            "Deployment": (
+                self.apps.read_namespaced_deployment,
+                self.apps.create_namespaced_deployment,
+                self.apps.replace_namespaced_deployment,
+            ),
+            "Service": (
+                self.core.read_namespaced_service,
+                self.core.create_namespaced_service,
+                self.core.replace_namespaced_service,
+            ),
+            "ConfigMap": (
+                self.core.read_namespaced_config_map,
+                self.core.create_namespaced_config_map,
+                self.core.replace_namespaced_config_map,
+            ),
+        }
+        return ops[kind]
+
+    def apply(self, manifest: Manifest) -> str:
+        """Create, or replace when the content hash differs. Returns created/updated/unchanged."""
+        meta = manifest["metadata"]
+        read, create, replace = self._ops(manifest["kind"])
+        try:
+            current = read(meta["name"], meta["namespace"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            create(meta["namespace"], manifest)
+            return "created"
+        annotations = (current.metadata.annotations if current.metadata else None) or {}
+        if annotations.get(ANNOTATION_HASH) == meta["annotations"][ANNOTATION_HASH]:
+            return "unchanged"
+        body = {
+            **manifest,
+            "metadata": {**meta, "resourceVersion": current.metadata.resource_version},
+        }
+        replace(meta["name"], meta["namespace"], body)
+        return "updated"
+
+    def ensure_secret(self, manifest_for: Any, namespace: str, name: str) -> str:
+        """The internal token Secret: created once with a random token, never rewritten."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+            data = secret.data or {}
+            import base64
+
+            return base64.b64decode(data.get("token", "")).decode()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        token = secrets.token_urlsafe(32)
+        self.core.create_namespaced_secret(namespace, manifest_for(token))
+        return token
+
+    # --- observation -------------------------------------------------------------------------
+
+    def observe_pools(
+        self, namespace: str, owner_name: str, gpu_resource: str
+    ) -> dict[str, ObservedPool]:
+        selector = f"{LABEL_DEPLOYMENT}={owner_name[:63]},{LABEL_COMPONENT}=engine"
+        deployments = self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        stuck = self._unschedulable(namespace, selector)
+        pools = {}
+        for dep in deployments.items:
+            meta, spec, status = dep.metadata, dep.spec, dep.status
+            if meta is None or spec is None or meta.deletion_timestamp is not None:
+                continue
+            labels = meta.labels or {}
+            name = str(labels.get(LABEL_POOL, meta.name))
+            replicas = spec.replicas or 0
+            pod_spec = spec.template.spec
+            container = pod_spec.containers[0] if pod_spec else None
+            resources = container.resources if container else None
+            limits = (resources.limits or {}) if resources else {}
+            per_pod = int(limits.get(gpu_resource, 0))
+            pools[name] = ObservedPool(
+                name=name,
+                role=Role(labels.get(LABEL_ROLE, "EPD")),
+                replicas=replicas,
+                ready=(status.ready_replicas or 0) if status else 0,
+                gpus=replicas * per_pod,
+                unschedulable=stuck.get(name, ""),
+            )
+        return pools
+
+    def _unschedulable(self, namespace: str, selector: str) -> dict[str, str]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        out: dict[str, str] = {}
+        for pod in pods.items:
+            pool = ((pod.metadata.labels if pod.metadata else None) or {}).get(LABEL_POOL, "")
+            for cond in (pod.status.conditions or []) if pod.status else []:
+                if (
+                    cond.type == "PodScheduled"
+                    and cond.status == "False"
+                    and cond.reason == "Unschedulable"
+                ):
+                    out.setdefault(pool, cond.message or "unschedulable")
+        return out
+
+    def router_ready(self, namespace: str, name: str) -> bool:
+        try:
+            dep = self.apps.read_namespaced_deployment(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return dep.status is not None and (dep.status.available_replicas or 0) >= 1
+
+    # --- deletion ----------------------------------------------------------------------------
+
+    def delete_pool(self, namespace: str, name: str) -> None:
+        for delete in (self.apps.delete_namespaced_deployment, self.core.delete_namespaced_service):
+            try:
+                delete(name, namespace, propagation_policy="Background")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise

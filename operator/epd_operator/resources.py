@@ -1,0 +1,413 @@
+"""Pure rendering: (EPDDeployment, plan) -> Kubernetes manifests (plain dicts).
+
+Nothing here talks to the API server. Child names are deterministic:
+
+- ``<name>-config`` ConfigMap (router.json, plan.json), ``<name>-internal-token`` Secret,
+- ``<name>-router`` Deployment + Service (the inference endpoint),
+- ``<name>-<role>-<hash8>`` Deployment + headless Service per pool, where ``hash8`` covers
+  everything that shapes the pool's pods (role, replicas, model, engine settings, SLOs). A pool
+  whose inputs do not change keeps its name across plans and is left alone by a rollout; a
+  changed pool is a new name, so it is brought up next to the old one (blue/green per pool).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from epd_engine.config import Role
+from epd_engine.plan import Plan
+
+from epd_operator.spec import API_VERSION, KIND, EPDDeploymentSpec
+
+ENGINE_PORT = 8000
+MODELS_DIR = "/models"
+ROUTER_CONFIG_DIR = "/etc/epd"
+LABEL_DEPLOYMENT = "epd.serving.dev/deployment"
+LABEL_POOL = "epd.serving.dev/pool"
+LABEL_ROLE = "epd.serving.dev/role"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_HASH = "epd.serving.dev/spec-hash"
+MAX_NAME_PREFIX = 40  # leaves room for "-router", "-epd-<hash8>" within a 63-char DNS label
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What a child needs to know about its EPDDeployment."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: EPDDeploymentSpec
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One role pool of a plan, as the operator creates it."""
+
+    name: str
+    role: Role
+    replicas: int
+    gpus_per_instance: int
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_instance
+
+
+def _digest(data: Any, length: int = 8) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def base_name(owner: Owner) -> str:
+    """The EPDDeployment name, shortened deterministically if too long for child names."""
+    if len(owner.name) <= MAX_NAME_PREFIX:
+        return owner.name
+    return f"{owner.name[: MAX_NAME_PREFIX - 6].rstrip('-')}-{_digest(owner.name, 5)}"
+
+
+def config_name(owner: Owner) -> str:
+    return f"{base_name(owner)}-config"
+
+
+def secret_name(owner: Owner) -> str:
+    return f"{base_name(owner)}-internal-token"
+
+
+def router_name(owner: Owner) -> str:
+    return f"{base_name(owner)}-router"
+
+
+def router_url(owner: Owner) -> str:
+    return f"http://{router_name(owner)}.{owner.namespace}.svc:{owner.spec.router.port}"
+
+
+def pool_specs(owner: Owner, plan: Plan) -> list[PoolSpec]:
+    """The pools of ``plan`` with their deterministic names, in the method's role order."""
+    spec = owner.spec
+    shared = spec.model_dump(
+        mode="json", include={"model", "engine", "slo", "gpu_resource_name", "router"}
+    )
+    pools = []
+    for role in plan.method.roles:
+        replicas = plan.pools[role]
+        budgets = plan.budgets.get(role)
+        key = {"role": role.value, "replicas": replicas, "spec": shared}
+        if budgets is not None:
+            key["budgets"] = budgets.model_dump()
+        name = f"{base_name(owner)}-{role.value.lower()}-{_digest(key)}"
+        pools.append(PoolSpec(name, role, replicas, spec.engine.gpus_per_instance))
+    return pools
+
+
+def labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "epd",
+        "app.kubernetes.io/instance": owner.name[:63],
+        "app.kubernetes.io/managed-by": "epd-operator",
+        LABEL_COMPONENT: component,
+        LABEL_DEPLOYMENT: owner.name[:63],
+    }
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(owner: Owner, name: str, component: str, extra: dict[str, str] | None = None) -> dict:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": {**labels(owner, component), **(extra or {})},
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def with_hash(manifest: Manifest) -> Manifest:
+    """Stamp the manifest's content hash so the applier can tell when it changed."""
+    manifest["metadata"].setdefault("annotations", {})[ANNOTATION_HASH] = _digest(manifest, 16)
+    return manifest
+
+
+# --- ConfigMap and Secret --------------------------------------------------------------------
+
+
+def router_config(owner: Owner, plan: Plan, active_pools: list[str]) -> dict[str, Any]:
+    """The router's /etc/epd/router.json: model, SLOs, pools and which ones to route to."""
+    spec = owner.spec
+    return {
+        "model": spec.model.name,
+        "slo": {
+            "ttft_s": spec.slo.ttft_milliseconds / 1000,
+            "tpot_s": spec.slo.tpot_milliseconds / 1000,
+            "attainment": spec.slo.attainment_percent / 100,
+        },
+        "pools": [
+            {
+                "name": p.name,
+                "role": p.role.value,
+                "service": f"{p.name}.{owner.namespace}.svc",
+                "port": ENGINE_PORT,
+            }
+            for p in pool_specs(owner, plan)
+        ],
+        "active_pools": sorted(active_pools),
+        "trace_window_s": spec.profiler.trace_window_seconds,
+    }
+
+
+def render_configmap(owner: Owner, plan: Plan, active_pools: list[str]) -> Manifest:
+    data = {
+        "router.json": json.dumps(router_config(owner, plan, active_pools), indent=2),
+        "plan.json": plan.model_dump_json(indent=2),
+    }
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(owner, config_name(owner), "config"),
+            "data": data,
+        }
+    )
+
+
+def render_secret(owner: Owner, token: str) -> Manifest:
+    """The shared internal token (``X-EPD-Token``); the caller makes it once and keeps it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(owner, secret_name(owner), "config"),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+# --- pools -----------------------------------------------------------------------------------
+
+
+def _token_env(owner: Owner) -> dict[str, Any]:
+    ref = {"name": secret_name(owner), "key": "token"}
+    return {"name": "EPD_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+
+
+def _model_volume(owner: Owner) -> dict[str, Any]:
+    source = owner.spec.model.source
+    if source.pvc is not None:
+        return {"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claim_name}}
+    if source.host_path is not None:
+        return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    return {"name": "model", "emptyDir": {}}
+
+
+def _model_mount(owner: Owner) -> dict[str, Any]:
+    source = owner.spec.model.source
+    mount: dict[str, Any] = {"name": "model", "mountPath": f"{MODELS_DIR}/{owner.spec.model.name}"}
+    if source.pvc is not None and source.pvc.path:
+        mount["subPath"] = source.pvc.path.strip("/")
+    if source.preset is None:
+        mount["readOnly"] = True
+    return mount
+
+
+def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
+    spec = owner.spec
+    engine = spec.engine
+    args = [
+        "serve",
+        "--model", f"{MODELS_DIR}/{spec.model.name}",
+        "--role", pool.role.value,
+        "--host", "0.0.0.0",
+        "--port", str(ENGINE_PORT),
+        "--router-url", router_url(owner),
+        "--pool", pool.name,
+        "--dtype", spec.model.dtype,
+        "--device", "cuda" if engine.gpus_per_instance > 0 else "cpu",
+        "--kv-block-size", str(engine.kv_block_size),
+        "--num-kv-blocks", str(engine.num_kv_blocks),
+        "--num-image-blocks", str(engine.num_image_blocks),
+        "--served-model-name", spec.model.name,
+        "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
+        "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
+    ]  # fmt: skip
+    if spec.model.source.preset is not None:
+        args += ["--preset", spec.model.source.preset]
+    budgets = plan.budgets.get(pool.role)
+    if budgets is not None:
+        args += ["--image-budget", str(budgets.image_budget)]
+        args += ["--token-budget", str(budgets.token_budget)]
+    return args + list(engine.extra_args)
+
+
+def _resources(owner: Owner, gpus: int, requests: dict, limits: dict) -> dict[str, Any]:
+    out = {"requests": dict(requests), "limits": dict(limits)}
+    if gpus > 0:
+        out["requests"][owner.spec.gpu_resource_name] = str(gpus)
+        out["limits"][owner.spec.gpu_resource_name] = str(gpus)
+    return {k: v for k, v in out.items() if v}
+
+
+def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest:
+    engine = owner.spec.engine
+    pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    selector = {LABEL_DEPLOYMENT: owner.name[:63], LABEL_POOL: pool.name}
+    container = {
+        "name": "engine",
+        "image": engine.image,
+        "imagePullPolicy": engine.image_pull_policy,
+        "command": ["epdctl"],
+        "args": engine_args(owner, pool, plan),
+        "env": [
+            _token_env(owner),
+            {"name": "EPD_TRANSFER_BACKEND", "value": engine.transfer_backend},
+        ],
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "readinessProbe": _probe("/health/ready", 5, 3),
+        "livenessProbe": _probe("/health/live", 10, 6),
+        # Loading weights and the start-up budget search can take minutes on real checkpoints.
+        "startupProbe": _probe("/health/live", 10, 90),
+        "resources": _resources(
+            owner, pool.gpus_per_instance, engine.resources.requests, engine.resources.limits
+        ),
+        "volumeMounts": [_model_mount(owner), {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [_model_volume(owner), {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    if engine.node_selector:
+        pod_spec["nodeSelector"] = dict(engine.node_selector)
+    if engine.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(exclude_defaults=True) for t in engine.tolerations]
+    template_meta = {
+        "labels": {**labels(owner, "engine"), **pool_labels},
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(ENGINE_PORT),
+            "prometheus.io/path": "/metrics",
+        },
+    }
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(owner, pool.name, "engine", pool_labels),
+            "spec": {
+                "replicas": pool.replicas,
+                "selector": {"matchLabels": selector},
+                "strategy": {"type": "Recreate"},
+                "template": {"metadata": template_meta, "spec": pod_spec},
+            },
+        }
+    )
+
+
+def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
+    """Headless: the router and migration peers resolve each instance, not a virtual IP."""
+    pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, pool.name, "engine", pool_labels),
+            "spec": {
+                "clusterIP": "None",
+                "selector": {LABEL_DEPLOYMENT: owner.name[:63], LABEL_POOL: pool.name},
+                "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}],
+            },
+        }
+    )
+
+
+# --- router ----------------------------------------------------------------------------------
+
+
+def render_router_deployment(owner: Owner) -> Manifest:
+    router = owner.spec.router
+    image = router.image or owner.spec.engine.image
+    config_path = f"{ROUTER_CONFIG_DIR}/router.json"
+    container = {
+        "name": "router",
+        "image": image,
+        "imagePullPolicy": owner.spec.engine.image_pull_policy,
+        "command": ["epdctl"],
+        "args": [
+            "router",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(router.port),
+            "--config",
+            config_path,
+        ],
+        "env": [_token_env(owner)],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "readinessProbe": _probe("/health/ready", 5, 3),
+        "livenessProbe": _probe("/health/live", 10, 6),
+        "resources": _resources(owner, 0, router.resources.requests, router.resources.limits),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+    }
+    selector = {LABEL_DEPLOYMENT: owner.name[:63], LABEL_COMPONENT: "router"}
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(owner, router_name(owner), "router"),
+            "spec": {
+                "replicas": router.replicas,
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {
+                        "labels": labels(owner, "router"),
+                        "annotations": {
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(router.port),
+                        },
+                    },
+                    "spec": {
+                        "containers": [container],
+                        "volumes": [{"name": "config", "configMap": {"name": config_name(owner)}}],
+                        "enableServiceLinks": False,
+                    },
+                },
+            },
+        }
+    )
+
+
+def render_router_service(owner: Owner) -> Manifest:
+    router = owner.spec.router
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, router_name(owner), "router"),
+            "spec": {
+                "type": router.service_type,
+                "selector": {LABEL_DEPLOYMENT: owner.name[:63], LABEL_COMPONENT: "router"},
+                "ports": [{"name": "http", "port": router.port, "targetPort": "http"}],
+            },
+        }
+    )

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import json
+
+from epd_engine.config import Method, Role
+from epd_engine.plan import Plan
+from epd_operator import resources as r
+from epd_operator.resources import Owner
+
+from tests.operator.conftest import make_owner
+
+PLAN = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})
+
+
+def test_pool_names_are_deterministic_and_change_only_with_their_inputs(owner: Owner) -> None:
+    first = r.pool_specs(owner, PLAN)
+    assert [p.name for p in first] == [p.name for p in r.pool_specs(owner, PLAN)]
+    assert [p.role for p in first] == [Role.E, Role.P, Role.D]
+    assert all(p.name.startswith(f"demo-{p.role.value.lower()}-") for p in first)
+    scaled = r.pool_specs(owner, Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 3, Role.D: 1}))
+    assert scaled[0].name == first[0].name and scaled[2].name == first[2].name
+    assert scaled[1].name != first[1].name
+    other_image = make_owner(engine={"image": "epd-engine:0.2.0"})
+    assert {p.name for p in r.pool_specs(other_image, PLAN)}.isdisjoint({p.name for p in first})
+
+
+def test_long_names_stay_within_dns_label_limits() -> None:
+    long = Owner(name="x" * 60, namespace="ns", uid="u", spec=make_owner().spec)
+    names = [p.name for p in r.pool_specs(long, PLAN)] + [r.router_name(long), r.secret_name(long)]
+    assert all(len(n) <= 63 for n in names)
+
+
+def test_pool_deployment_requests_gpus_and_probes_readiness(owner: Owner) -> None:
+    pool = r.pool_specs(owner, PLAN)[1]
+    dep = r.render_pool_deployment(owner, pool, PLAN)
+    assert dep["metadata"]["name"] == pool.name
+    assert dep["spec"]["replicas"] == 2
+    assert dep["metadata"]["ownerReferences"] == [
+        {"apiVersion": "epd.serving.dev/v1alpha1", "kind": "EPDDeployment", "name": "demo",
+         "uid": "uid-1234", "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    args = container["args"]
+    assert args[:2] == ["serve", "--model"]
+    assert args[args.index("--role") + 1] == "P"
+    assert args[args.index("--pool") + 1] == pool.name
+    assert args[args.index("--router-url") + 1] == "http://demo-router.serving.svc:8080"
+    assert args[-2:] == ["--preset", "tiny-llava"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert r.ANNOTATION_HASH in dep["metadata"]["annotations"]
+
+
+def test_node_selector_tolerations_and_cpu_mode() -> None:
+    owner = make_owner(
+        engine={
+            "gpusPerInstance": 0,
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    )
+    pool = r.pool_specs(owner, PLAN)[0]
+    pod = r.render_pool_deployment(owner, pool, PLAN)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "cpu"}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}]
+    container = pod["containers"][0]
+    assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))
+    assert container["args"][container["args"].index("--device") + 1] == "cpu"
+
+
+def test_model_sources_mount_read_only_weights() -> None:
+    owner = make_owner(model={"name": "m", "source": {"pvc": {"claimName": "w", "path": "/ckpt"}}})
+    pod = r.render_pool_deployment(owner, r.pool_specs(owner, PLAN)[0], PLAN)["spec"]["template"][
+        "spec"
+    ]
+    assert pod["volumes"][0] == {"name": "model", "persistentVolumeClaim": {"claimName": "w"}}
+    mount = pod["containers"][0]["volumeMounts"][0]
+    assert mount == {"name": "model", "mountPath": "/models/m", "subPath": "ckpt", "readOnly": True}
+
+
+def test_pool_service_is_headless(owner: Owner) -> None:
+    pool = r.pool_specs(owner, PLAN)[0]
+    svc = r.render_pool_service(owner, pool)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"][r.LABEL_POOL] == pool.name
+
+
+def test_router_and_configmap(owner: Owner) -> None:
+    pools = r.pool_specs(owner, PLAN)
+    cm = r.render_configmap(owner, PLAN, [pools[0].name])
+    config = json.loads(cm["data"]["router.json"])
+    assert config["active_pools"] == [pools[0].name]
+    assert [p["role"] for p in config["pools"]] == ["E", "P", "D"]
+    assert Plan.model_validate_json(cm["data"]["plan.json"]) == PLAN
+    dep = r.render_router_deployment(owner)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["router", "--host", "0.0.0.0", "--port", "8080",
+                                 "--config", "/etc/epd/router.json"]  # fmt: skip
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "demo-internal-token"
+    svc = r.render_router_service(owner)
+    assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 8080
+
+
+def test_hash_changes_with_content(owner: Owner) -> None:
+    a = r.render_configmap(owner, PLAN, [])
+    b = r.render_configmap(owner, PLAN, ["x"])
+    assert (
+        a["metadata"]["annotations"][r.ANNOTATION_HASH]
+        != b["metadata"]["annotations"][r.ANNOTATION_HASH]
+    )
+    assert a == r.render_configmap(owner, PLAN, [])
