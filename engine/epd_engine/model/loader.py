@@ -62,7 +62,7 @@ def load_vision(model_dir: Path, dtype: torch.dtype, device: str) -> LlavaVision
             return False
         return match.group(2) is None or int(match.group(2)) >= used_layers
 
-    _fill(model, Path(model_dir), _vision_source, _VISION_PREFIXES, is_skippable)
+    _fill(model, Path(model_dir), _VISION_PREFIXES, is_skippable)
     return model.eval()
 
 
@@ -81,7 +81,7 @@ def load_language(
     def is_skippable(name: str) -> bool:
         return name.endswith("rotary_emb.inv_freq")  # old checkpoints saved this buffer
 
-    _fill(language, Path(model_dir), _language_source, (_LANGUAGE_PREFIX,), is_skippable)
+    _fill(language, Path(model_dir), (_LANGUAGE_PREFIX,), is_skippable)
     return language.eval()
 
 
@@ -104,6 +104,12 @@ def _language_source(param_name: str) -> str:
     return "language_model.model." + param_name
 
 
+def required_tensors(model: LlavaVision | LlavaLanguage) -> dict[str, list[str]]:
+    """Our parameter name -> the hub tensor names it is made of (several for fused ones)."""
+    to_canonical = _vision_source if isinstance(model, LlavaVision) else _language_source
+    return {name: _sources(to_canonical(name)) for name, _ in model.named_parameters()}
+
+
 def _sources(canonical: str) -> list[str]:
     for fused, parts in _FUSED:
         if fused in canonical:
@@ -112,15 +118,14 @@ def _sources(canonical: str) -> list[str]:
 
 
 def _fill(
-    model: nn.Module,
+    model: LlavaVision | LlavaLanguage,
     model_dir: Path,
-    to_canonical: Callable[[str], str],
     own_prefixes: tuple[str, ...],
     is_skippable: Callable[[str], bool],
 ) -> None:
     """Copy every parameter from the checkpoint; error on missing or unexpected tensors."""
     locations = checkpoint_locations(model_dir)  # canonical name -> (file, stored name)
-    wanted = {name: _sources(to_canonical(name)) for name, _ in model.named_parameters()}
+    wanted = required_tensors(model)
     needed = {src for srcs in wanted.values() for src in srcs}
     missing = sorted(src for src in needed if src not in locations)
     if missing:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from epd_engine.model.llava import LlavaLanguage, LlavaVision
+from epd_engine.model.loader import required_tensors
 from epd_engine.model.make_model import plan_shards, tensor_specs
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
 from epd_engine.model.presets import PRESETS
@@ -81,3 +84,23 @@ def test_generation_config_eos_wins():
 def test_unsupported_configs_are_rejected_clearly(change, message):
     with pytest.raises(ModelFormatError, match=message):
         LlavaModelConfig.from_dict({**HUB_LLAVA_15_7B, **change})
+
+
+def test_7b_modules_take_exactly_the_hub_tensors():
+    """Real shapes, no weights: every hub tensor feeds a parameter of matching shape, except
+    the ones LLaVA never runs (last CLIP layer and post-LN at vision_feature_layer=-2)."""
+    preset = PRESETS["llava-1.5-7b"]
+    config = LlavaModelConfig.from_dict(preset.hf_config("float16"))
+    shapes = {spec.name: spec.shape for spec in tensor_specs(preset)}
+    with torch.device("meta"):
+        parts = [LlavaVision(config), LlavaLanguage(config)]
+    used: set[str] = set()
+    for part in parts:
+        params = dict(part.named_parameters())
+        for param_name, sources in required_tensors(part).items():
+            rows = sum(shapes[src][0] for src in sources)
+            assert (rows, *shapes[sources[0]][1:]) == tuple(params[param_name].shape), param_name
+            used.update(sources)
+    unused = sorted(set(shapes) - used)
+    assert all(".layers.23." in name or "post_layernorm" in name for name in unused)
+    assert len(unused) == 16 + 2  # 16 tensors in a CLIP layer, post-LN weight and bias
