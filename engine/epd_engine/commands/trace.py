@@ -119,6 +119,20 @@ def _window(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(args: argparse.Namespace) -> int:
+    from epd_engine.trace import split_history, write_trace
+
+    try:
+        history, evaluation = split_history(load_trace(args.trace), args.history_fraction)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    write_trace(history, args.history)
+    write_trace(evaluation, args.rest)
+    print(f"history: {len(history)} requests -> {args.history}")
+    print(f"rest: {len(evaluation)} requests -> {args.rest}")
+    return 0
+
+
 def _workloads(args: argparse.Namespace) -> int:
     from epd_engine.bench.workloads import describe_workloads
 
@@ -164,6 +178,15 @@ def register(subparsers: Any) -> None:
     win.add_argument("--last", type=float, help="the last N seconds instead of --start/--end")
     win.add_argument("-o", "--output", type=Path, required=True)
     win.set_defaults(func=_window)
+
+    split = sub.add_parser(
+        "split", help="first fraction for profiling, rest for evaluation (HydraInfer: 1/10)"
+    )
+    split.add_argument("trace")
+    split.add_argument("--history-fraction", type=float, default=0.1)
+    split.add_argument("--history", type=Path, required=True, help="JSONL for the first part")
+    split.add_argument("--rest", type=Path, required=True, help="JSONL for the rest (rebased)")
+    split.set_defaults(func=_split)
 
     workloads = sub.add_parser("workloads", help="list workload generators and their sources")
     workloads.add_argument("--json", action="store_true")

@@ -33,6 +33,10 @@ def test_trace_generate_show_scale_window(
     assert main(["trace", "window", str(fast), "--last", "1", "-o", str(last)]) == 0
     assert 1 <= len(read_trace(last)) <= 10
     assert main(["trace", "workloads"]) == 0
+    hist, rest = tmp_path / "h.jsonl", tmp_path / "r.jsonl"
+    split = ["trace", "split", str(trace), "--history", str(hist), "--rest", str(rest)]
+    assert main(split) == 0
+    assert (len(read_trace(hist)), len(read_trace(rest))) == (4, 36)
 
 
 def test_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

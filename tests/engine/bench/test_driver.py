@@ -112,3 +112,15 @@ def test_stage_timings_reported_by_the_server_are_kept(fake_openai: FakeOpenAI) 
     assert summarize([result]).stage_mean_s["prefill"] == pytest.approx(0.02)
     measured = result.to_trace_record(record(0))
     assert measured.ttft_s == result.ttft_s and measured.tpot_s == result.itl_s
+
+
+def test_results_follow_input_order_and_payloads_are_reusable(fake_openai: FakeOpenAI) -> None:
+    from epd_engine.bench.driver import prepare_messages
+
+    records = [record(0, arrival_s=0.2), record(1, arrival_s=0.0)]
+    messages = prepare_messages(records)
+    results = replay(records, config(fake_openai), messages)
+    assert [r.request_id for r in results] == ["r0", "r1"]
+    assert results[1].arrival_s < results[0].arrival_s  # r1 was sent first
+    with pytest.raises(ValueError, match="1 messages for 2 records"):
+        replay(records, config(fake_openai), messages[:1])
