@@ -144,17 +144,18 @@ def _fill(
     by_file: dict[Path, list[str]] = defaultdict(list)
     for src in needed:
         by_file[locations[src][0]].append(src)
-    loaded: dict[str, torch.Tensor] = {}
+    owner = {src: name for name, srcs in wanted.items() for src in srcs}
     params = dict(model.named_parameters())
+    loaded: dict[str, torch.Tensor] = {}
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for src in names:
+            for src in sorted(names):
                 loaded[src] = handle.get_tensor(locations[src][1])
-        # Copy as soon as all parts of a parameter are read, so CPU copies do not pile up.
-        for param_name, srcs in list(wanted.items()):
-            if all(src in loaded for src in srcs):
-                _copy(params[param_name], [loaded.pop(src) for src in srcs], param_name, srcs)
-                del wanted[param_name]
+                # Copy once all parts of a parameter are read: host copies do not pile up.
+                param_name = owner[src]
+                srcs = wanted[param_name]
+                if all(part in loaded for part in srcs):
+                    _copy(params[param_name], [loaded.pop(part) for part in srcs], param_name, srcs)
 
 
 def _copy(param: nn.Parameter, parts: list[torch.Tensor], name: str, srcs: list[str]) -> None:
