@@ -173,6 +173,11 @@ async def run_trace(
         messages = prepare_messages(records, config.image_format, config.progress)
     if len(messages) != len(records):
         raise ValueError(f"{len(messages)} messages for {len(records)} records")
+    # Every result needs an id to be matched back to its record (recorded traces may lack one).
+    records = [
+        r if r.request_id else r.model_copy(update={"request_id": f"req-{i:06d}"})
+        for i, r in enumerate(records)
+    ]
     order = sorted(range(len(records)), key=lambda i: records[i].arrival_s)
     start = records[order[0]].arrival_s if records else 0.0
     client = _make_client(config)

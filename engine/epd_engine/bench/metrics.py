@@ -112,6 +112,7 @@ class BenchSummary:
     slo: dict[str, float] | None = None
     errors: dict[str, int] = field(default_factory=dict)  # first words of the error -> count
     max_send_delay_s: float = 0.0
+    num_short_outputs: int = 0  # ok requests that got fewer tokens than asked (EOS not ignored?)
     stage_mean_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,5 +166,6 @@ def summarize(
         else None,
         errors=errors,
         max_send_delay_s=max((r.send_delay_s for r in results), default=0.0),
+        num_short_outputs=sum(r.num_output_tokens < r.output_tokens for r in ok),
         stage_mean_s={k: float(np.mean(v)) for k, v in sorted(stage_totals.items())},
     )

@@ -76,6 +76,12 @@ def _print_summary(summary: Any, label: str) -> None:
         print(f"  SLO attainment {summary.attainment:.1%}")
     if summary.errors:
         print(f"  errors: {json.dumps(summary.errors)}")
+    if summary.num_short_outputs:
+        print(f"  warning: {summary.num_short_outputs} requests got fewer tokens than max_tokens "
+              "(does the server honour ignore_eos?)")  # fmt: skip
+    if summary.max_send_delay_s > 0.05:
+        print(f"  warning: the client lagged up to {summary.max_send_delay_s:.2f} s behind the "
+              "trace (raise --max-concurrency, or the machine is overloaded)")  # fmt: skip
 
 
 def _stage_means(report: dict[str, Any]) -> dict[str, float]:

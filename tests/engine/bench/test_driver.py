@@ -86,6 +86,7 @@ def test_errors_are_counted_not_raised(fake_openai: FakeOpenAI) -> None:
     assert not by_id["r2"].ok and by_id["r2"].num_output_tokens == 2  # cut mid-stream
     summary = summarize(results, SLO())
     assert summary.num_errors == 2 and summary.attainment == 0.5
+    assert summary.num_short_outputs == 0
 
 
 def test_unreachable_endpoint_gives_errors() -> None:
@@ -121,6 +122,10 @@ def test_results_follow_input_order_and_payloads_are_reusable(fake_openai: FakeO
     messages = prepare_messages(records)
     results = replay(records, config(fake_openai), messages)
     assert [r.request_id for r in results] == ["r0", "r1"]
+    anonymous = [r.model_copy(update={"request_id": None}) for r in records]
+    assert [r.request_id for r in replay(anonymous, config(fake_openai))] == [
+        "req-000000", "req-000001"
+    ]  # fmt: skip
     assert results[1].arrival_s < results[0].arrival_s  # r1 was sent first
     with pytest.raises(ValueError, match="1 messages for 2 records"):
         replay(records, config(fake_openai), messages[:1])

@@ -50,6 +50,9 @@ def test_summarize_statistics() -> None:
     assert summary.itl.count == 200
     assert summary.attainment == pytest.approx(50 / 101)
     assert summary.errors == {"APIConnectionError": 1}
+    assert summary.num_short_outputs == 0
+    short = result(0.1, (), output_tokens=5, num_output_tokens=2)
+    assert summarize([short]).num_short_outputs == 1
 
 
 def step_server(capacity_rps: float) -> tuple[list[float], object]:
