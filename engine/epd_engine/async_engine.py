@@ -1,7 +1,10 @@
 """Runs LLMEngine in a background thread and streams per-request outputs to asyncio.
 
-The event loop never blocks on the model: requests and aborts cross into the engine thread
-through a queue; tokens come back with ``loop.call_soon_threadsafe``.
+The event loop never blocks on the model: work crosses into the engine thread through an
+inbox of callables; outputs come back with ``loop.call_soon_threadsafe`` into each
+request's sink (a local queue for a direct client, or the router link when a router owns
+the request). After every step the engine thread also reports migrations to start:
+requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls).
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epd_engine.detokenizer import Detokenizer
-from epd_engine.engine import LLMEngine, StepStats
+from epd_engine.engine import LLMEngine, StageTiming, StepStats
 from epd_engine.errors import ClientError
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import RequestStatus
+from epd_engine.request import Request, RequestStatus
 from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler.output import PullTask
+from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +32,28 @@ log = logging.getLogger(__name__)
 class RequestOutput:
     request_id: str
     text_delta: str
+    new_token_ids: list[int]
     num_prompt_tokens: int
     num_output_tokens: int
     finish_reason: str | None = None
     error: str | None = None
+    stage_timings: list[StageTiming] = field(default_factory=list)
+
+
+Sink = Callable[[RequestOutput], None]
 
 
 @dataclass
-class _Stream:
-    queue: asyncio.Queue[RequestOutput]
+class Stream:
+    """Where one request's outputs go, and what the client has been sent so far."""
+
+    sink: Sink
     loop: asyncio.AbstractEventLoop
     detokenizer: Detokenizer
     num_prompt_tokens: int
     num_output_tokens: int = 0
+    routing: Routing | None = None
+    pending_timings: list[StageTiming] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -50,14 +64,14 @@ class AsyncEngine:
         on_step: Callable[[StepStats], None] | None = None,
     ) -> None:
         self.engine = engine
-        self._decode = decode
+        self.decode = decode
         self._on_step = on_step
+        self.on_handoff: Callable[[Request, Stream], None] | None = None
+        self.on_pull: Callable[[PullTask], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._streams: dict[str, _Stream] = {}
+        self.streams: dict[str, Stream] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
-        self.num_running = 0
-        self.num_waiting = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -67,9 +81,36 @@ class AsyncEngine:
         self._inbox.put(lambda: None)
         self._thread.join(timeout=10)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self._streams)
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the engine thread between steps (the only thread touching the engine)."""
+        self._inbox.put(fn)
+
+    async def call_async(self, fn: Callable[[], object]) -> object:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:  # handed back to the awaiting coroutine
+                loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, future, result)
+
+        self.call(run)
+        return await future
+
+    async def add(self, make_request: Callable[[], Request], stream: Stream) -> None:
+        """Queue a request on the engine thread; admission errors come back as ClientError."""
+
+        def add() -> None:
+            request = make_request()
+            self.streams[request.request_id] = stream
+
+        try:
+            await self.call_async(add)
+        except ValueError as exc:
+            raise ClientError(str(exc)) from exc
 
     async def generate(
         self,
@@ -78,38 +119,38 @@ class AsyncEngine:
         sampling: SamplingParams,
         eos_token_ids: frozenset[int],
     ) -> AsyncIterator[RequestOutput]:
+        """Serve one request directly to a local client."""
         loop = asyncio.get_running_loop()
-        stream = _Stream(
-            asyncio.Queue(), loop, Detokenizer(self._decode, sampling.stop), len(prompt.token_ids)
+        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        stream = Stream(
+            outputs.put_nowait, loop, Detokenizer(self.decode, sampling.stop), len(prompt.token_ids)
         )
-        added: asyncio.Future[None] = loop.create_future()
-
-        def add() -> None:
-            try:
-                self.engine.add_request(request_id, prompt, sampling, eos_token_ids)
-            except ValueError as exc:
-                loop.call_soon_threadsafe(_set_exception, added, ClientError(str(exc)))
-                return
-            self._streams[request_id] = stream
-            loop.call_soon_threadsafe(_set_result, added)
-
-        self._inbox.put(add)
-        await added
+        await self.add(
+            lambda: self.engine.add_request(request_id, prompt, sampling, eos_token_ids), stream
+        )
         finished = False
         try:
             while True:
-                output = await stream.queue.get()
+                output = await outputs.get()
                 yield output
                 if output.finish_reason is not None:
                     finished = True
                     return
         finally:
             if not finished:  # client went away: free the pages now
-                self._inbox.put(lambda: self._abort(request_id))
+                self.call(lambda: self.abort(request_id))
 
-    def _abort(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+    def abort(self, request_id: str) -> None:
+        """Engine thread only."""
+        self.streams.pop(request_id, None)
         self.engine.abort(request_id)
+
+    def fail(self, request_id: str, message: str) -> None:
+        """Engine thread only: end a request with an error its client will see."""
+        stream = self.streams.get(request_id)
+        self.engine.abort(request_id)
+        if stream is not None:
+            self._emit(request_id, stream, None, "error", error=message)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -120,23 +161,37 @@ class AsyncEngine:
                     block = False
             except queue.Empty:
                 pass
+            except Exception:
+                log.exception("engine inbox task failed")
             if not self.engine.has_work():
                 continue
             try:
                 events, stats = self.engine.step()
             except Exception:  # a bug must not hang clients: fail everything in flight
                 log.exception("engine step failed")
-                self._fail_all("internal engine error")
+                for request_id in list(self.streams):
+                    self.fail(request_id, "internal engine error")
                 continue
-            self.num_running = len(self.engine.scheduler.running)
-            self.num_waiting = len(self.engine.scheduler.waiting)
             if self._on_step is not None:
                 self._on_step(stats)
+            for timing in stats.stage_timings:
+                if (stream := self.streams.get(timing.request_id)) is not None:
+                    stream.pending_timings.append(timing)
             for event in events:
                 self._deliver(event.request_id, event.new_token_id, event.finish_reason)
+            for request in self.engine.take_handoffs():
+                stream = self.streams.pop(request.request_id, None)
+                if stream is not None and self.on_handoff is not None:
+                    self._flush_timings(request.request_id, stream)
+                    stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
+                else:  # nobody to hand it to (no router link): end it clearly
+                    self.engine.release_migrated(request.request_id)
+            for task in stats.pulls:
+                if self.on_pull is not None:
+                    self.on_pull(task)
 
     def _deliver(self, request_id: str, token_id: int | None, finish_reason: str | None) -> None:
-        stream = self._streams.get(request_id)
+        stream = self.streams.get(request_id)
         if stream is None:
             return
         delta = ""
@@ -147,33 +202,42 @@ class AsyncEngine:
                 finish_reason = "stop"
                 self.engine.scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
                 self.engine.abort(request_id)
+        self._emit(request_id, stream, token_id, finish_reason, delta)
+
+    def _emit(
+        self,
+        request_id: str,
+        stream: Stream,
+        token_id: int | None,
+        finish_reason: str | None,
+        delta: str = "",
+        error: str | None = None,
+    ) -> None:
         output = RequestOutput(
-            request_id, delta, stream.num_prompt_tokens, stream.num_output_tokens, finish_reason
+            request_id,
+            delta,
+            [token_id] if token_id is not None else [],
+            stream.num_prompt_tokens,
+            stream.num_output_tokens,
+            finish_reason,
+            error,
+            stream.pending_timings,
         )
+        stream.pending_timings = []
         if finish_reason is not None:
-            self._streams.pop(request_id, None)
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
+            self.streams.pop(request_id, None)
+        stream.loop.call_soon_threadsafe(stream.sink, output)
 
-    def _fail_all(self, message: str) -> None:
-        for request_id, stream in list(self._streams.items()):
-            self.engine.abort(request_id)
-            output = RequestOutput(
-                request_id,
-                "",
-                stream.num_prompt_tokens,
-                stream.num_output_tokens,
-                finish_reason="error",
-                error=message,
-            )
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
-        self._streams.clear()
+    def _flush_timings(self, request_id: str, stream: Stream) -> None:
+        if stream.pending_timings:
+            self._emit(request_id, stream, None, None)
 
 
-def _set_result(future: asyncio.Future[None]) -> None:
+def _set_result(future: asyncio.Future[object], value: object) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(value)
 
 
-def _set_exception(future: asyncio.Future[None], exc: BaseException) -> None:
+def _set_exception(future: asyncio.Future[object], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)

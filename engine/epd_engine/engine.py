@@ -18,15 +18,26 @@ from epd_engine.config import EngineConfig, Stage
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import Request
-from epd_engine.runner import CacheShape, ModelRunner
+from epd_engine.request import CacheKind, Request
+from epd_engine.runner import CacheShape, ModelRunner, kv_pages, write_kv_pages
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
-from epd_engine.scheduler.output import TokenTask
+from epd_engine.scheduler.output import PullTask, TokenTask
+from epd_engine.transfer.messages import PagesQuery
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage of one request on this instance: how long it queued and ran."""
+
+    request_id: str
+    stage: Stage
+    queue_s: float
+    exec_s: float
 
 
 @dataclass
@@ -39,6 +50,8 @@ class StepStats:
     num_decodes: int
     stages: set[Stage] = field(default_factory=set)
     queue_waits: list[tuple[Stage, float]] = field(default_factory=list)
+    stage_timings: list[StageTiming] = field(default_factory=list)
+    pulls: list[PullTask] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -80,7 +93,8 @@ class LLMEngine:
         self._pixels: dict[str, list[torch.Tensor]] = {}
         self._params: dict[str, SamplingParams] = {}
         self._stage_ready_s: dict[tuple[str, Stage], float] = {}
-        self._stage_started: set[tuple[str, Stage]] = set()
+        self._stage_started: dict[tuple[str, Stage], tuple[float, float]] = {}  # (start, queue)
+        self._offered: set[str] = set()
         log.info(
             "engine ready: role=%s token_budget=%d image_budget=%d",
             role,
@@ -122,7 +136,7 @@ class LLMEngine:
         assert self.runner.vision is not None
         size = self.model_config.image_size
         pixels = torch.zeros(num_images, 3, size, size, dtype=self.runner.dtype)
-        return _best_of(lambda: self.runner.vision(pixels.to(self.runner.device)))  # type: ignore[misc]
+        return _best_of(lambda: self.runner.vision(pixels.to(self.runner.device)))
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -131,17 +145,24 @@ class LLMEngine:
         prompt: PreparedPrompt,
         sampling: SamplingParams,
         eos_token_ids: frozenset[int],
+        resume_output_token_ids: list[int] | None = None,
     ) -> Request:
+        """Queue a request. ``resume_output_token_ids``: tokens a client already has (a retry
+        after a failure elsewhere): they are recomputed into the cache, not generated again."""
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt.token_ids,
             sampling=sampling,
             images=prompt.images,
             eos_token_ids=eos_token_ids,
+            output_token_ids=list(resume_output_token_ids or []),
         )
+        return self.add(request, prompt.pixel_values)
+
+    def add(self, request: Request, pixel_values: list[torch.Tensor] | None = None) -> Request:
         self.scheduler.add(request)  # raises ValueError when it can never fit
-        self._pixels[request_id] = prompt.pixel_values
-        self._params[request_id] = sampling
+        self._pixels[request.request_id] = pixel_values or []
+        self._params[request.request_id] = request.sampling
         self._mark_ready(request)
         return request
 
@@ -156,10 +177,19 @@ class LLMEngine:
         start = time.monotonic()
         out = self.scheduler.schedule()
         stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
+        stats.pulls = out.pulls
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
         sampled = self.runner.execute(out, pixels, self._params)
         events = self.scheduler.update(out, sampled)
+        now = time.monotonic()
+        for request_id in {t.request_id for t in out.token_tasks} | {
+            t.request_id for t in out.encodes
+        }:
+            request = self.scheduler.requests.get(request_id) or self.scheduler.migrating.get(
+                request_id
+            )
+            self._close_stages(request_id, request, now, stats)
         for event in events:
             if event.finish_reason is not None:
                 self._forget(event.request_id)
@@ -180,13 +210,72 @@ class LLMEngine:
         for key in started:
             ready = self._stage_ready_s.pop(key, None)
             if ready is not None:
-                self._stage_started.add(key)
+                self._stage_started[key] = (now, now - ready)
                 stats.queue_waits.append((key[1], now - ready))
+
+    def _close_stages(
+        self, request_id: str, request: Request | None, now: float, stats: StepStats
+    ) -> None:
+        """Report stages the request has left behind (or all, once it is done here)."""
+        current = None if request is None or request.status.finished else request.next_stage
+        for stage in Stage:
+            if stage is current:
+                continue
+            started = self._stage_started.get((request_id, stage))
+            if started is not None and started[0] >= 0:
+                start_s, queue_s = started
+                stats.stage_timings.append(StageTiming(request_id, stage, queue_s, now - start_s))
+                self._stage_started[(request_id, stage)] = (-1.0, queue_s)  # reported
 
     def _mark_ready(self, request: Request) -> None:
         key = (request.request_id, request.next_stage)
         if key not in self._stage_started and key not in self._stage_ready_s:
             self._stage_ready_s[key] = time.monotonic()
+
+    # ---- migration (DESIGN.md §4) -----------------------------------------------------
+    def take_handoffs(self) -> list[Request]:
+        """Requests that finished their local stages since the last call: offer them."""
+        fresh = [r for rid, r in self.scheduler.migrating.items() if rid not in self._offered]
+        self._offered.update(r.request_id for r in fresh)
+        return fresh
+
+    def release_migrated(self, request_id: str) -> None:
+        """Step 4 on the source: the target has the pages."""
+        self.scheduler.release_migrated(request_id)
+        self._offered.discard(request_id)
+        self._forget(request_id)
+
+    def export_pages(self, request_id: str, query: PagesQuery) -> dict[str, torch.Tensor]:
+        """Step 3 on the source: the contents of a parked request's pages."""
+        request = self.scheduler.migrating.get(request_id)
+        if request is None:
+            raise KeyError(request_id)
+        if query.kind is CacheKind.IMAGE:
+            assert self.scheduler.images is not None
+            slots = self.scheduler.images.slots(request_id)
+            return {
+                f"image.{i}": self.runner.read_image(slots[i].blocks)[
+                    : request.images[i].num_tokens
+                ]
+                for i in query.image_indices
+            }
+        assert self.scheduler.kv is not None
+        blocks = self.scheduler.kv.block_table(request_id)
+        used = blocks[: -(-request.num_computed_tokens // self.config.kv_block_size)]
+        return kv_pages(self.runner, used, range(query.layer_start, query.layer_stop))
+
+    def import_pages(self, task: PullTask, tensors: dict[str, torch.Tensor]) -> None:
+        """Step 3 on the target: write pulled contents into the pages allocated for them."""
+        if task.kind is CacheKind.IMAGE:
+            for index, blocks in task.image_blocks.items():
+                self.runner.write_image(blocks, tensors[f"image.{index}"])
+            return
+        used = task.kv_blocks[: -(-task.num_kv_tokens // self.config.kv_block_size)]
+        write_kv_pages(self.runner, used, tensors)
+
+    @property
+    def num_layers(self) -> int:
+        return self.model_config.num_layers
 
     def _forget(self, request_id: str) -> None:
         self._pixels.pop(request_id, None)
@@ -194,7 +283,7 @@ class LLMEngine:
         self.runner.forget(request_id)
         for stage in Stage:
             self._stage_ready_s.pop((request_id, stage), None)
-            self._stage_started.discard((request_id, stage))
+            self._stage_started.pop((request_id, stage), None)
 
 
 def _best_of(run: object, repeats: int = 3) -> float:

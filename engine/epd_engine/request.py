@@ -54,6 +54,22 @@ class ImageRef:
     height: int = 0
 
 
+class CacheKind(enum.StrEnum):
+    """What a migration moves: image embeddings (E -> P) or KV pages (P -> D)."""
+
+    IMAGE = "image"
+    KV = "kv"
+
+
+@dataclass(frozen=True)
+class PullSpec:
+    """Where a migrated-in request's cache lives until this instance pulls it."""
+
+    kind: CacheKind
+    source_url: str
+    source_instance: str
+
+
 @dataclass
 class Request:
     request_id: str
@@ -68,7 +84,8 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V sit in this instance's cache
     output_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
-    first_token_s: float | None = None
+    pull: PullSpec | None = None  # set on a migration target until its pull completes
+    pulling: bool = False  # pages allocated, bytes in flight: not schedulable yet
 
     @property
     def num_prompt_tokens(self) -> int:

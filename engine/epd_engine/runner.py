@@ -91,7 +91,7 @@ class ModelRunner:
         query_start_loc = [0]
         for task in tasks:
             for offset, token in enumerate(task.token_ids):
-                pos = task.start_position + offset
+                pos = task.start_position + offset  # absolute position in the sequence
                 token_ids.append(token)
                 positions.append(pos)
                 slots.append(task.block_table[pos // block_size] * block_size + pos % block_size)
@@ -111,8 +111,8 @@ class ModelRunner:
             block_tables=[t.block_table for t in tasks],
             block_size=block_size,
         )
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.language(embeds, pos, self.kv_caches, meta)  # [T, H]
+        position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
+        hidden = self.language(embeds, position_ids, self.kv_caches, meta)  # [T, H]
         last_rows = [query_start_loc[i + 1] - 1 for i, t in enumerate(tasks) if t.sample]
         return hidden[last_rows]
 
@@ -163,3 +163,18 @@ class ModelRunner:
         sampling_ids = [t.request_id for t in tasks if t.sample]
         tokens = self.sample(hidden, sampling_ids, [params_of[r] for r in sampling_ids])
         return dict(zip(sampling_ids, tokens, strict=True))
+
+
+def kv_pages(runner: ModelRunner, blocks: list[int], layers: range) -> dict[str, torch.Tensor]:
+    """KV pages of ``blocks`` for ``layers``: ``{"kv.L": [len(blocks), 2, bs, Hkv, D]}``."""
+    index = torch.tensor(blocks, dtype=torch.long, device=runner.device)
+    return {f"kv.{layer}": runner.kv_caches[layer].index_select(0, index) for layer in layers}
+
+
+def write_kv_pages(
+    runner: ModelRunner, blocks: list[int], tensors: dict[str, torch.Tensor]
+) -> None:
+    index = torch.tensor(blocks, dtype=torch.long, device=runner.device)
+    for name, pages in tensors.items():
+        layer = int(name.removeprefix("kv."))
+        runner.kv_caches[layer].index_copy_(0, index, pages.to(runner.device, runner.dtype))

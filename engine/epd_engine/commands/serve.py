@@ -10,7 +10,7 @@ from epd_engine.cli import UserError
 from epd_engine.config import SLO, EngineConfig, Role
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model as one engine instance")
     p.add_argument("--model", required=True, type=Path, help="checkpoint directory (HF layout)")
     p.add_argument(
@@ -39,6 +39,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
+    p.add_argument(
+        "--router-url", help="register with this router and serve the requests it routes"
+    )
+    p.add_argument(
+        "--advertise-url",
+        help="URL the router and peers use to reach this instance (default: http://HOST:PORT)",
+    )
+    p.add_argument("--instance-id", help="stable instance name (default: the advertise URL)")
+    p.add_argument(
+        "--transfer-backend", default="tcp", choices=["tcp"], help="cache migration backend"
+    )
+    p.add_argument("--kv-layers-per-group", type=int, default=8)
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -80,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model)
     if not (args.model / "config.json").exists():
         raise UserError(f"{args.model} has no config.json; make one with `epdctl make-model`")
-    settings = ServerSettings(engine=engine_config(args), pool=args.pool)
+    advertise = args.advertise_url or f"http://{args.host}:{args.port}"
+    settings = ServerSettings(
+        engine=engine_config(args),
+        pool=args.pool,
+        router_url=args.router_url,
+        advertise_url=advertise,
+        instance_id=args.instance_id or "",
+        transfer_backend=args.transfer_backend,
+        kv_layers_per_group=args.kv_layers_per_group,
+    )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

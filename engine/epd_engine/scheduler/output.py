@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epd_engine.config import Stage
+from epd_engine.request import CacheKind
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,29 @@ class TokenTask:
         return len(self.token_ids)
 
 
+@dataclass(frozen=True)
+class PullTask:
+    """Pages this instance allocated for a migrated-in request; fill them from the source.
+
+    ``image_blocks`` maps an image index to its pages (images already cached here by hash
+    are left out); ``kv_blocks`` are the pages for the first ``num_kv_tokens`` tokens.
+    """
+
+    request_id: str
+    kind: CacheKind
+    source_url: str
+    image_blocks: dict[int, list[int]] = field(default_factory=dict)
+    kv_blocks: list[int] = field(default_factory=list)
+    num_kv_tokens: int = 0
+
+
 @dataclass
 class SchedulerOutput:
     encodes: list[EncodeTask] = field(default_factory=list)
     prefills: list[TokenTask] = field(default_factory=list)
     decodes: list[TokenTask] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    pulls: list[PullTask] = field(default_factory=list)
 
     @property
     def token_tasks(self) -> list[TokenTask]:
@@ -66,4 +84,4 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.encodes or self.prefills or self.decodes)
+        return not (self.encodes or self.prefills or self.decodes or self.pulls)

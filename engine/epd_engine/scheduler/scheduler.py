@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager, blocks_needed
 from epd_engine.config import Role, Stage
-from epd_engine.request import Request, RequestStatus
-from epd_engine.scheduler.output import EncodeTask, ImageSlice, SchedulerOutput, TokenTask
+from epd_engine.request import CacheKind, Request, RequestStatus
+from epd_engine.scheduler.output import (
+    EncodeTask,
+    ImageSlice,
+    PullTask,
+    SchedulerOutput,
+    TokenTask,
+)
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ class Scheduler:
         scheduled: set[str] = set()
 
         for request in list(self.running):  # 1. every running decode (oldest first)
-            if request.status is RequestStatus.RUNNING and self._local(request, Stage.DECODE):
+            if self._schedulable(request) and self._local(request, Stage.DECODE):
                 if not self._grow_kv(request, request.num_tokens, out):
                     continue
                 out.decodes.append(self._token_task(request, Stage.DECODE, 1))
@@ -122,7 +128,7 @@ class Scheduler:
                 scheduled.add(request.request_id)
 
         for request in self.running:  # 2. ongoing encodes and chunked prefills
-            if request.request_id in scheduled or request.status is not RequestStatus.RUNNING:
+            if request.request_id in scheduled or not self._schedulable(request):
                 continue
             image_budget = self._schedule_encodes(request, image_budget, out)
             token_budget = self._schedule_prefill(request, token_budget, out)
@@ -131,10 +137,12 @@ class Scheduler:
             request = self.waiting[0]
             if token_budget <= 0 and (request.next_stage is not Stage.ENCODE or image_budget <= 0):
                 break
-            if not self._admit(request):
+            if not self._admit(request, out):
                 break  # head-of-line: keeps FIFO order fair under memory pressure
             self.waiting.popleft()
             self.running.append(request)
+            if request.pulling:
+                continue
             image_budget = self._schedule_encodes(request, image_budget, out)
             token_budget = self._schedule_prefill(request, token_budget, out)
         return out
@@ -142,12 +150,12 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[RequestEvent]:
         """Apply one executed iteration: advance counters, append tokens, finish, hand off."""
         events: list[RequestEvent] = []
-        for task in out.encodes:
-            request = self.requests[task.request_id]
-            request.num_encoded_images += 1
+        for encode in out.encodes:
+            encoded = self.requests[encode.request_id]
+            encoded.num_encoded_images += 1
             assert self.images is not None
-            slot = self.images.slots(task.request_id)[task.image_index]
-            self.images.mark_encoded(task.content_hash, slot)
+            slot = self.images.slots(encode.request_id)[encode.image_index]
+            self.images.mark_encoded(encode.content_hash, slot)
         for task in out.token_tasks:
             request = self.requests.get(task.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -159,12 +167,45 @@ class Scheduler:
             self._after_step(request)
         return events
 
+    def pull_done(self, request_id: str) -> None:
+        """The migrated-in pages are filled: the request can run its stages here."""
+        request = self.requests.get(request_id)
+        if request is not None and request.pulling:
+            request.pulling = False
+            request.pull = None
+            if request.num_encoded_images and self.images is not None:
+                for image, slot in zip(request.images, self.images.slots(request_id), strict=True):
+                    if not slot.cached:
+                        self.images.mark_encoded(image.content_hash, slot)
+
+    def pull_failed(self, request_id: str) -> bool:
+        """The source is gone: recompute here if this role can (True), else give it up."""
+        request = self.requests.get(request_id)
+        if request is None or request.status.finished:
+            return False
+        kind = request.pull.kind if request.pull else None
+        if kind is CacheKind.KV and self.role.runs(Stage.PREFILL):
+            self._release_pages(request)
+            self.running.remove(request)
+            request.pulling, request.pull = False, None
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.WAITING
+            self.waiting.appendleft(request)
+            return True
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        return False
+
     # ---- helpers ----------------------------------------------------------------------
+    def _schedulable(self, request: Request) -> bool:
+        return request.status is RequestStatus.RUNNING and not request.pulling
+
     def _local(self, request: Request, stage: Stage) -> bool:
         return request.next_stage is stage and self.role.runs(stage)
 
-    def _admit(self, request: Request) -> bool:
+    def _admit(self, request: Request, out: SchedulerOutput) -> bool:
         """Take the pages the request's first local stage needs, all or nothing."""
+        if request.pull is not None:
+            return self._admit_pull(request, out)
         if request.next_stage is Stage.ENCODE and self.role.runs(Stage.ENCODE):
             assert self.images is not None
             need = sum(
@@ -180,6 +221,43 @@ class Scheduler:
             slots = self.images.slots(request.request_id)
             request.num_encoded_images = sum(slot.cached for slot in slots)
         request.status = RequestStatus.RUNNING
+        return True
+
+    def _admit_pull(self, request: Request, out: SchedulerOutput) -> bool:
+        """Allocate the target pages of a migration (step 2: the target pulls when it has room)."""
+        pull = request.pull
+        assert pull is not None
+        task = PullTask(request.request_id, pull.kind, pull.source_url)
+        if pull.kind is CacheKind.IMAGE:
+            assert self.images is not None
+            block_tokens = self.images.block_tokens
+            need = sum(
+                blocks_needed(i.num_tokens, block_tokens)
+                for i in request.images
+                if not self.images.pool.contains(i.content_hash)
+            )
+            if not self.images.pool.can_allocate(need):
+                return False
+            for index, image in enumerate(request.images):
+                slot = self.images.acquire(request.request_id, image.content_hash, image.num_tokens)
+                assert slot is not None
+                if not slot.cached:
+                    task.image_blocks[index] = slot.blocks
+        else:
+            assert self.kv is not None
+            num_tokens = request.num_computed_tokens
+            if not self.kv.grow(request.request_id, num_tokens + 1):
+                return False
+            task = PullTask(
+                request.request_id,
+                pull.kind,
+                pull.source_url,
+                kv_blocks=list(self.kv.block_table(request.request_id)),
+                num_kv_tokens=num_tokens,
+            )
+        request.status = RequestStatus.RUNNING
+        request.pulling = True
+        out.pulls.append(task)
         return True
 
     def _schedule_encodes(self, request: Request, image_budget: int, out: SchedulerOutput) -> int:
@@ -309,7 +387,7 @@ class Scheduler:
         stage = request.next_stage
         if stage is Stage.DECODE and self.images is not None:
             self.images.release(request.request_id)  # prefill consumed the embeddings
-        if not self.role.runs(stage):
+        if not self.role.runs(stage) and not request.pulling:
             self.running.remove(request)
             request.status = RequestStatus.MIGRATING
             self.migrating[request.request_id] = request

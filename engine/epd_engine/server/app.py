@@ -11,13 +11,17 @@ import httpx
 from fastapi import FastAPI
 
 from epd_engine.async_engine import AsyncEngine
-from epd_engine.config import EngineConfig
+from epd_engine.config import EngineConfig, internal_token
 from epd_engine.engine import LLMEngine, StepStats
 from epd_engine.metrics import Metrics
 from epd_engine.processor import InputProcessor
-from epd_engine.server import health, openai_api
+from epd_engine.router.policy import InstanceLoad
+from epd_engine.server import health, internal_api, openai_api
 from epd_engine.server.errors import install_error_handlers
+from epd_engine.server.migration import MigrationManager
+from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
+from epd_engine.transfer.tcp import TcpBackend
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +30,14 @@ log = logging.getLogger(__name__)
 class ServerSettings:
     engine: EngineConfig
     pool: str = "local"
+    router_url: str | None = None  # set: register with this router and serve its requests
+    advertise_url: str = "http://127.0.0.1:8000"  # how the router and peers reach us
+    instance_id: str = ""
+    transfer_backend: str = "tcp"
+    kv_layers_per_group: int = 8  # KV moves in layer groups so transfer can overlap compute
 
 
-def _step_recorder(metrics: Metrics, engine: LLMEngine):  # type: ignore[no-untyped-def]
+def _step_recorder(metrics: Metrics, engine: LLMEngine):
     labels = metrics.labels
     scheduler = engine.scheduler
     last_hits = last_lookups = 0
@@ -58,6 +67,25 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):  # type: ignore[no-unty
     return record
 
 
+def _connect_router(settings: ServerSettings, state: InstanceState) -> RouterLink:
+    assert settings.router_url is not None
+    if settings.transfer_backend != "tcp":
+        raise ValueError(f"transfer backend {settings.transfer_backend!r} is not available here")
+    identity = InstanceLoad(
+        instance_id=settings.instance_id or settings.advertise_url,
+        url=settings.advertise_url,
+        role=settings.engine.role,
+        pool=settings.pool,
+    )
+    token = internal_token()
+    link = RouterLink(settings.router_url, identity, state.http, token)
+    backend = TcpBackend(state.http, token)
+    state.migration = MigrationManager(
+        state.engine, link, backend, state.http, token, settings.kv_layers_per_group
+    )
+    return link
+
+
 def create_app(settings: ServerSettings) -> FastAPI:
     config = settings.engine
 
@@ -70,17 +98,23 @@ def create_app(settings: ServerSettings) -> FastAPI:
         async with httpx.AsyncClient() as http:
             state = InstanceState(config, async_engine, processor, metrics, http)
             app.state.instance = state
+            link = _connect_router(settings, state) if settings.router_url else None
             async_engine.start()
+            if link is not None:
+                link.start(engine)
             state.ready = True
             log.info("serving %s as %s", config.model_name, config.role.value)
             try:
                 yield
             finally:
                 state.ready = False
+                if link is not None:
+                    await link.stop()
                 async_engine.stop()
 
     app = FastAPI(title="EPD engine instance", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(openai_api.router)
     app.include_router(health.router)
+    app.include_router(internal_api.router)
     return app

@@ -14,7 +14,7 @@ from epd_engine.errors import ClientError
 log = logging.getLogger(__name__)
 
 
-def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None):  # type: ignore[no-untyped-def]
+def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None):
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 

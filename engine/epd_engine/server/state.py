@@ -10,6 +10,7 @@ from epd_engine.async_engine import AsyncEngine
 from epd_engine.config import EngineConfig
 from epd_engine.metrics import Metrics
 from epd_engine.processor import InputProcessor
+from epd_engine.server.migration import MigrationManager
 
 
 @dataclass
@@ -19,4 +20,5 @@ class InstanceState:
     processor: InputProcessor
     metrics: Metrics
     http: httpx.AsyncClient
+    migration: MigrationManager | None = None  # set when a router owns this instance
     ready: bool = False

@@ -1,0 +1,54 @@
+"""``epdctl router``: run the router (OpenAI endpoint in front of the role pools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from epd_engine.cli import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("router", help="run the router in front of engine instances")
+    p.add_argument("--config", type=Path, help="router.json (the operator's ConfigMap)")
+    p.add_argument("--model", help="served model name (overrides the config)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--trace-dir", type=Path, help="write the live trace here (rotating JSONL)")
+    p.add_argument("--slo-ttft", type=float, help="TTFT SLO in seconds")
+    p.add_argument("--slo-tpot", type=float, help="TPOT SLO in seconds")
+    p.add_argument("--instance-timeout", type=float, help="drop an instance after this silence (s)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def settings_from(args: argparse.Namespace):
+    from epd_engine.router.settings import RouterSettings
+
+    overrides = {
+        "model": args.model,
+        "trace_dir": args.trace_dir,
+        "slo_ttft_s": args.slo_ttft,
+        "slo_tpot_s": args.slo_tpot,
+        "instance_timeout_s": args.instance_timeout,
+    }
+    try:
+        if args.config is not None:
+            return RouterSettings.from_file(args.config, **overrides)
+        return RouterSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from epd_engine.router.app import create_app
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(settings_from(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,69 @@
+"""``create_app(settings)``: the router's FastAPI app."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epd_engine.config import internal_token
+from epd_engine.metrics import Metrics
+from epd_engine.router import client_api, internal_api
+from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.registry import Registry
+from epd_engine.router.settings import RouterSettings
+from epd_engine.router.trace_recorder import TraceRecorder
+from epd_engine.server.errors import install_error_handlers
+
+
+def create_app(settings: RouterSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = Metrics(settings.model, "router", "router")
+        if settings.plan is not None:
+            metrics.plan.labels(**metrics.labels).info(
+                {k: str(v) for k, v in settings.plan.items()}
+            )
+        registry = Registry(settings.instance_timeout_s)
+        if settings.active_pools is not None:
+            registry.active_pools = set(settings.active_pools)
+        recorder = TraceRecorder(
+            settings.trace_dir, settings.trace_max_bytes, settings.trace_max_files
+        )
+        async with httpx.AsyncClient() as http:
+            dispatcher = Dispatcher(settings, registry, http, internal_token(), metrics, recorder)
+            app.state.dispatcher = dispatcher
+            watcher = asyncio.create_task(dispatcher.watch_instances())
+            try:
+                yield
+            finally:
+                watcher.cancel()
+
+    app = FastAPI(title="EPD router", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(client_api.router)
+    app.include_router(internal_api.router)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready(request: Request, response: Response) -> dict[str, object]:
+        """Ready when some instance can take text and, if any pool encodes, images too."""
+        instances = request.app.state.dispatcher.registry.active()
+        if not instances:
+            response.status_code = 503
+            return {"status": "no instances registered"}
+        return {"status": "ready", "instances": len(instances)}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.dispatcher.metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,138 @@
+"""The router's public OpenAI surface: same request/response shapes as an instance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from epd_engine.errors import ModelNotFound
+from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.inflight import ClientChunk, InflightRequest
+from epd_engine.server.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ResponseMessage,
+    Usage,
+)
+
+router = APIRouter()
+
+
+def _dispatcher(request: Request) -> Dispatcher:
+    dispatcher: Dispatcher = request.app.state.dispatcher
+    return dispatcher
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, object]:
+    model = _dispatcher(request).settings.model
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": 0, "owned_by": "epd"}],
+    }
+
+
+@router.get("/v1/trace")
+async def trace(request: Request, since: float = 0.0) -> StreamingResponse:
+    """The live trace as JSONL: requests that arrived ``since`` seconds after router start."""
+    records = _dispatcher(request).recorder.since(since)
+    lines = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records)
+    return StreamingResponse(iter([lines]), media_type="application/x-ndjson")
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> ChatCompletionResponse | StreamingResponse:
+    dispatcher = _dispatcher(request)
+    served = dispatcher.settings.model
+    if body.model != served:
+        raise ModelNotFound(
+            f"model {body.model!r} does not exist; this router serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
+    inflight = await dispatcher.start(body)
+    chunks = _chunks(dispatcher, inflight)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _sse(chunks, inflight, include_usage), media_type="text/event-stream"
+        )
+    text = []
+    finish: ClientChunk | None = None
+    async for chunk in chunks:
+        text.append(chunk.text)
+        finish = chunk
+    if finish is None or finish.error:
+        raise RuntimeError(finish.error if finish else "request ended without output")
+    return ChatCompletionResponse(
+        id=inflight.router_request_id,
+        model=body.model,
+        choices=[
+            Choice(
+                message=ResponseMessage(content="".join(text)), finish_reason=finish.finish_reason
+            )
+        ],
+        usage=_usage(inflight),
+    )
+
+
+async def _chunks(dispatcher: Dispatcher, inflight: InflightRequest) -> AsyncIterator[ClientChunk]:
+    """Chunks until the request finishes; a client that leaves counts as aborted."""
+    outcome = "aborted"
+    deadline = dispatcher.settings.request_timeout_s
+    try:
+        while True:
+            try:
+                chunk = await asyncio.wait_for(inflight.chunks.get(), timeout=deadline)
+            except TimeoutError:
+                inflight.fail(f"no progress for {deadline:.0f} s")
+                chunk = await inflight.chunks.get()
+            yield chunk
+            if chunk.finish_reason is not None:
+                outcome = "error" if chunk.error else "success"
+                return
+    finally:
+        dispatcher.finish(inflight, outcome)
+
+
+async def _sse(
+    chunks: AsyncIterator[ClientChunk], inflight: InflightRequest, include_usage: bool
+) -> AsyncIterator[str]:
+    model = inflight.body.model
+
+    def event(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
+        choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
+        body = ChatCompletionChunk(
+            id=inflight.router_request_id, model=model, choices=choices, usage=usage
+        )
+        return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+    yield event(Delta(role="assistant", content=""))
+    async for chunk in chunks:
+        if chunk.error:
+            error = {"error": {"message": chunk.error, "type": "server_error"}}
+            yield f"data: {json.dumps(error)}\n\n"
+            break
+        if chunk.text or chunk.finish_reason:
+            yield event(Delta(content=chunk.text or None), chunk.finish_reason)
+    if include_usage:
+        yield event(Delta(), usage=_usage(inflight))
+    yield "data: [DONE]\n\n"
+
+
+def _usage(inflight: InflightRequest) -> Usage:
+    prompt = inflight.num_prompt_tokens
+    completion = len(inflight.token_ids)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )

@@ -1,0 +1,163 @@
+"""Sends requests down a path and re-routes them when an instance on it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from epd_engine.errors import ClientError, ServiceUnavailable
+from epd_engine.metrics import Metrics
+from epd_engine.router.inflight import InflightRequest
+from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
+from epd_engine.router.registry import Registry
+from epd_engine.router.settings import RouterSettings
+from epd_engine.router.trace_recorder import TraceRecorder
+from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.trace import ImageRef, TraceRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Dispatcher:
+    settings: RouterSettings
+    registry: Registry
+    http: httpx.AsyncClient
+    token: str
+    metrics: Metrics
+    recorder: TraceRecorder
+    policy: RoutingPolicy = field(default_factory=LeastLoaded)
+    inflight: dict[str, InflightRequest] = field(default_factory=dict)
+    started_s: float = field(default_factory=time.monotonic)
+
+    async def start(self, body: ChatCompletionRequest) -> InflightRequest:
+        request = InflightRequest(f"req-{uuid.uuid4().hex[:16]}", body, time.monotonic())
+        self.inflight[request.router_request_id] = request
+        try:
+            await self._submit(request)
+        except Exception:
+            self.inflight.pop(request.router_request_id, None)
+            raise
+        return request
+
+    async def _submit(self, request: InflightRequest) -> None:
+        """Hand the request to the least-loaded instance of its entry stage."""
+        has_images = request.body.num_images() > 0
+        candidates = entry_candidates(self.registry.active(), has_images)
+        tried: set[str] = set()
+        while True:
+            options = [c for c in candidates if c.instance_id not in tried]
+            if not options:
+                stage = "encode" if has_images else "prefill"
+                raise ServiceUnavailable(f"no ready instance can run {stage} for this request")
+            target = self.policy.choose(options)
+            tried.add(target.instance_id)
+            payload = {
+                "routing": {
+                    "router_request_id": request.router_request_id,
+                    "attempt": request.attempt,
+                    "path": [],
+                },
+                "body": request.body.model_dump(mode="json", exclude_none=True),
+                "resume_output_token_ids": request.token_ids,
+                "emitted_text": request.text,
+            }
+            request.holder = target.instance_id
+            try:
+                response = await self.http.post(
+                    f"{target.url}/internal/requests",
+                    json=payload,
+                    headers={"X-EPD-Token": self.token},
+                    timeout=60.0,
+                )
+            except httpx.HTTPError as exc:
+                log.warning("submit to %s failed: %r", target.url, exc)
+                continue
+            if 400 <= response.status_code < 500:
+                error = response.json().get("error", {})
+                raise ClientError(
+                    error.get("message", response.text), error.get("param"), error.get("code")
+                )
+            if response.status_code != 200:
+                log.warning("submit to %s answered %d", target.url, response.status_code)
+                continue
+            self.registry.note_assigned(target.instance_id)
+            if not request.path or request.path[-1] != target.pool:
+                request.path.append(target.pool)
+            request.prompt_info = response.json()
+            return
+
+    async def retry(self, router_request_id: str, attempt: int, reason: str) -> None:
+        request = self.inflight.get(router_request_id)
+        if request is None or request.finished or attempt != request.attempt:
+            return
+        if request.attempt + 1 >= self.settings.max_attempts:
+            request.fail(f"request failed after {request.attempt + 1} attempts: {reason}")
+            return
+        request.attempt += 1
+        log.warning("re-routing %s (attempt %d): %s", router_request_id, request.attempt, reason)
+        try:
+            await self._submit(request)
+        except ClientError as exc:
+            request.fail(exc.message)
+
+    async def watch_instances(self, interval_s: float = 0.5) -> None:
+        """Drop silent instances and re-route whatever they held."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for dead in self.registry.expire():
+                log.warning("instance %s (%s) stopped answering", dead.instance_id, dead.pool)
+                for request in list(self.inflight.values()):
+                    if request.holder == dead.instance_id and not request.finished:
+                        await self.retry(
+                            request.router_request_id, request.attempt, f"{dead.pool} died"
+                        )
+
+    def finish(self, request: InflightRequest, outcome: str) -> None:
+        """Record metrics and the trace line of a request that is over."""
+        self.inflight.pop(request.router_request_id, None)
+        m = self.metrics
+        labels = m.labels
+        m.requests.labels(**labels, outcome=outcome).inc()
+        m.e2e.labels(**labels).observe(time.monotonic() - request.arrival_s)
+        for stage in ("encode", "prefill", "decode"):
+            if stage in request.stage_s:
+                m.stage_execution.labels(**labels, stage=stage).observe(request.stage_s[stage])
+                queue_s = request.stage_s.get(f"{stage}_queue", 0.0)
+                m.stage_queue.labels(**labels, stage=stage).observe(queue_s)
+        for kind in ("image", "kv"):
+            if f"migration_{kind}" in request.stage_s:
+                m.migration.labels(**labels, kind=kind).observe(
+                    request.stage_s[f"migration_{kind}"]
+                )
+        if outcome != "success" or not request.token_times_s:
+            return
+        ttft_s = request.token_times_s[0] - request.arrival_s
+        gaps = np.diff(request.token_times_s).tolist()
+        m.ttft.labels(**labels).observe(ttft_s)
+        for gap in gaps:
+            m.tpot.labels(**labels).observe(gap)
+        tpot_p90 = float(np.percentile(gaps, 90)) if gaps else 0.0
+        if ttft_s <= self.settings.slo_ttft_s and tpot_p90 <= self.settings.slo_tpot_s:
+            m.slo_met.labels(**labels).inc()
+        info = request.prompt_info
+        self.recorder.record(
+            TraceRecord(
+                arrival_s=request.arrival_s - self.started_s,
+                prompt_tokens=int(info.get("prompt_tokens", 0)),
+                images=tuple(ImageRef(**i) for i in info.get("images", [])),
+                output_tokens=len(request.token_ids),
+                request_id=request.router_request_id,
+                ttft_s=ttft_s,
+                tpot_s=tuple(gaps),
+                e2e_s=time.monotonic() - request.arrival_s,
+                path=tuple(request.path),
+                stage_s=dict(request.stage_s) or None,
+            )
+        )

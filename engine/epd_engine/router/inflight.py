@@ -1,0 +1,107 @@
+"""One client request as the router sees it: ordered tokens from whichever instance, the
+instance holding it now, the pools it visited, and its latency record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from epd_engine.server.protocol import ChatCompletionRequest
+
+
+@dataclass
+class ClientChunk:
+    text: str
+    num_tokens: int
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class InflightRequest:
+    router_request_id: str
+    body: ChatCompletionRequest
+    arrival_s: float  # monotonic
+    attempt: int = 0
+    holder: str | None = None  # instance id that has it now
+    path: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    token_times_s: list[float] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    prompt_info: dict[str, Any] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    finish_reason: str | None = None
+    error: str | None = None
+    chunks: asyncio.Queue[ClientChunk] = field(default_factory=asyncio.Queue)
+    _pending: list[dict[str, Any]] = field(default_factory=list)  # not yet in order
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """Apply one instance event; token events are applied strictly in token order."""
+        if event.get("attempt", 0) != self.attempt or self.finished:
+            return  # a stale path after a retry, or late news
+        self._note_location(event)
+        for timing in event.get("stage_timings") or []:
+            stage = timing["stage"]
+            self.stage_s[f"{stage}_queue"] = (
+                self.stage_s.get(f"{stage}_queue", 0) + timing["queue_s"]
+            )
+            self.stage_s[stage] = self.stage_s.get(stage, 0) + timing["exec_s"]
+        if migration := event.get("migration"):
+            key = f"migration_{migration['kind']}"
+            self.stage_s[key] = self.stage_s.get(key, 0) + migration["seconds"]
+        has_news = event.get("token_ids") or event.get("finish_reason") or event.get("error")
+        if event.get("num_output_tokens") is None or not has_news:
+            return
+        self.num_prompt_tokens = event.get("num_prompt_tokens") or self.num_prompt_tokens
+        self._pending.append(event)
+        self._drain()
+
+    def _note_location(self, event: dict[str, Any]) -> None:
+        self.holder = event.get("instance_id", self.holder)
+        pool = event.get("pool")
+        if pool and (not self.path or self.path[-1] != pool):
+            self.path.append(pool)
+
+    def _drain(self) -> None:
+        """Apply pending events whose place is next: ``num_output_tokens`` counts tokens
+        including the event's own, so an event fits when it equals ours plus its tokens."""
+        progress = True
+        while progress and self._pending and not self.finished:
+            progress = False
+            for event in list(self._pending):
+                expected = len(self.token_ids) + len(event["token_ids"])
+                if event["num_output_tokens"] > expected:
+                    continue  # an earlier event is still on its way
+                self._pending.remove(event)
+                progress = True
+                if event["num_output_tokens"] == expected:
+                    self._apply_in_order(event)
+                    break
+
+    def _apply_in_order(self, event: dict[str, Any]) -> None:
+        new_ids = event["token_ids"]
+        self.token_ids += new_ids
+        self.token_times_s += [time.monotonic()] * len(new_ids)
+        self.text += event.get("text_delta") or ""
+        if event.get("error"):
+            self.fail(str(event["error"]))
+            return
+        finish = event.get("finish_reason")
+        self.chunks.put_nowait(ClientChunk(event.get("text_delta") or "", len(new_ids), finish))
+        if finish is not None:
+            self.finish_reason = finish
+            self._pending.clear()
+
+    def fail(self, message: str) -> None:
+        if self.finished:
+            return
+        self.finish_reason = "error"
+        self.error = message
+        self.chunks.put_nowait(ClientChunk("", 0, "error", message))

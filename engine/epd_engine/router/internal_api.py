@@ -1,0 +1,105 @@
+"""Internal router endpoints: heartbeats, instance events, retries, pools and draining."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from epd_engine.config import Role
+from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.policy import InstanceLoad
+from epd_engine.server.internal_api import require_token
+
+router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
+
+
+def _dispatcher(request: Request) -> Dispatcher:
+    dispatcher: Dispatcher = request.app.state.dispatcher
+    return dispatcher
+
+
+def _as_json(load: InstanceLoad) -> dict[str, Any]:
+    return {**asdict(load), "role": load.role.value}
+
+
+class Heartbeat(BaseModel):
+    instance_id: str
+    url: str
+    role: Role
+    pool: str
+    num_waiting: int = 0
+    num_running: int = 0
+    free_kv_blocks: int = 0
+    free_image_blocks: int = 0
+
+
+@router.post("/instances/heartbeat")
+async def heartbeat(beat: Heartbeat, request: Request) -> dict[str, object]:
+    registry = _dispatcher(request).registry
+    registry.heartbeat(InstanceLoad(**beat.model_dump()))
+    return {"instances": [_as_json(i) for i in registry.active()]}
+
+
+class Events(BaseModel):
+    events: list[dict[str, Any]]
+
+
+@router.post("/events")
+async def events(batch: Events, request: Request) -> dict[str, int]:
+    dispatcher = _dispatcher(request)
+    applied = 0
+    for event in batch.events:
+        inflight = dispatcher.inflight.get(str(event.get("router_request_id")))
+        if inflight is not None:
+            inflight.apply(event)
+            applied += 1
+    return {"applied": applied}
+
+
+class RetryRequest(BaseModel):
+    attempt: int
+    reason: str
+
+
+@router.post("/requests/{router_request_id}/retry")
+async def retry(router_request_id: str, body: RetryRequest, request: Request) -> dict[str, str]:
+    await _dispatcher(request).retry(router_request_id, body.attempt, body.reason)
+    return {"status": "ok"}
+
+
+@router.get("/pools")
+async def pools(request: Request) -> dict[str, object]:
+    """Instances and in-flight requests per pool (the operator drains by this)."""
+    dispatcher = _dispatcher(request)
+    registry = dispatcher.registry
+    by_pool: dict[str, dict[str, Any]] = {}
+    for load in registry.all():
+        pool = by_pool.setdefault(load.pool, {"instances": [], "inflight": 0, "role": load.role})
+        pool["instances"].append(_as_json(load))
+    for inflight in dispatcher.inflight.values():
+        holder = registry.get(inflight.holder or "")
+        if holder is not None and holder.pool in by_pool:
+            by_pool[holder.pool]["inflight"] += 1
+    active = registry.active_pools
+    return {
+        "active_pools": sorted(active) if active is not None else None,
+        "pools": {
+            name: {**info, "role": info["role"].value, "active": active is None or name in active}
+            for name, info in by_pool.items()
+        },
+    }
+
+
+class Routing(BaseModel):
+    active_pools: list[str] | None  # None: every registered pool takes new requests
+
+
+@router.put("/routing")
+async def set_routing(body: Routing, request: Request) -> dict[str, object]:
+    """Switch new requests to these pools; requests already in others finish there."""
+    registry = _dispatcher(request).registry
+    registry.active_pools = set(body.active_pools) if body.active_pools is not None else None
+    return {"active_pools": body.active_pools}

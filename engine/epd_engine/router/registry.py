@@ -1,0 +1,59 @@
+"""Instances known to the router: upserted by heartbeats, dropped when they go quiet."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from epd_engine.router.policy import InstanceLoad
+
+
+@dataclass
+class _Entry:
+    load: InstanceLoad
+    last_seen_s: float
+
+
+class Registry:
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._entries: dict[str, _Entry] = {}
+        self.active_pools: set[str] | None = None  # None: every pool takes new requests
+
+    def heartbeat(self, load: InstanceLoad) -> bool:
+        """Record a heartbeat; True when the instance is new."""
+        is_new = load.instance_id not in self._entries
+        self._entries[load.instance_id] = _Entry(load, time.monotonic())
+        return is_new
+
+    def expire(self) -> list[InstanceLoad]:
+        """Drop and return instances whose heartbeat lapsed."""
+        now = time.monotonic()
+        dead = [e.load for e in self._entries.values() if now - e.last_seen_s > self.timeout_s]
+        for load in dead:
+            del self._entries[load.instance_id]
+        return dead
+
+    def remove(self, instance_id: str) -> None:
+        self._entries.pop(instance_id, None)
+
+    def all(self) -> list[InstanceLoad]:
+        return [e.load for e in self._entries.values()]
+
+    def active(self) -> list[InstanceLoad]:
+        """Instances that may take new work (their pool is not draining)."""
+        loads = self.all()
+        if self.active_pools is None:
+            return loads
+        return [load for load in loads if load.pool in self.active_pools]
+
+    def get(self, instance_id: str) -> InstanceLoad | None:
+        entry = self._entries.get(instance_id)
+        return entry.load if entry else None
+
+    def note_assigned(self, instance_id: str) -> None:
+        """Count a request we just sent there, so bursts between heartbeats spread out."""
+        entry = self._entries.get(instance_id)
+        if entry is not None:
+            load = entry.load
+            entry.load = InstanceLoad(**{**load.__dict__, "num_waiting": load.num_waiting + 1})

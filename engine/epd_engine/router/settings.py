@@ -1,0 +1,39 @@
+"""Router settings: from ``--config router.json`` (the operator's ConfigMap) and flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from epd_engine.config import Method
+
+
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="served model name clients send")
+    method: Method | None = None  # informational: the plan's method (epd_plan metric)
+    slo_ttft_s: float = Field(default=4.0, gt=0)
+    slo_tpot_s: float = Field(default=0.08, gt=0)
+    instance_timeout_s: float = Field(default=3.0, gt=0, description="drop after this silence")
+    max_attempts: int = Field(default=3, ge=1, description="paths tried per request")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    trace_dir: Path | None = None
+    trace_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    trace_max_files: int = Field(default=4, ge=1)
+    active_pools: list[str] | None = None
+    plan: dict[str, object] | None = None
+
+    @classmethod
+    def from_file(cls, path: Path, **overrides: object) -> RouterSettings:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read router config {path}: {exc}") from exc
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"invalid router config {path}: {exc}") from exc

@@ -1,0 +1,116 @@
+"""Internal endpoints (router submit, migration steps). Need the shared ``X-EPD-Token``."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from pydantic import BaseModel, Field
+
+from epd_engine.async_engine import Stream
+from epd_engine.config import internal_token
+from epd_engine.detokenizer import Detokenizer
+from epd_engine.errors import ClientError
+from epd_engine.server.chat import prepare
+from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.server.state import InstanceState
+from epd_engine.transfer.messages import MigrationOffer, PagesQuery, Routing
+
+
+class Forbidden(ClientError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+def require_token(x_epd_token: str = Header(default="")) -> None:
+    if not hmac.compare_digest(x_epd_token, internal_token()):
+        raise Forbidden("internal endpoint: missing or wrong X-EPD-Token")
+
+
+router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
+
+
+def _state(request: Request) -> InstanceState:
+    state: InstanceState = request.app.state.instance
+    return state
+
+
+class SubmitRequest(BaseModel):
+    """The router hands a client request to its entry instance."""
+
+    routing: Routing
+    body: ChatCompletionRequest
+    resume_output_token_ids: list[int] = Field(default_factory=list)
+    emitted_text: str = ""
+
+
+@router.post("/requests")
+async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
+    state = _state(request)
+    if state.migration is None:
+        raise ClientError("this instance has no router link")
+    engine = state.engine
+    prompt, params = await prepare(
+        payload.body, state.processor, state.http, state.config, engine.engine.max_model_len
+    )
+    routing = payload.routing
+    link = state.migration.link
+    detokenizer = Detokenizer(engine.decode, params.stop)
+    detokenizer.token_ids = list(payload.resume_output_token_ids)
+    detokenizer.emitted = payload.emitted_text
+    stream = Stream(
+        sink=lambda output: link.send(output, routing),
+        loop=state.migration.loop,
+        detokenizer=detokenizer,
+        num_prompt_tokens=len(prompt.token_ids),
+        num_output_tokens=len(payload.resume_output_token_ids),
+        routing=routing,
+    )
+    request_id = f"{routing.router_request_id}-{routing.attempt}"
+    await engine.add(
+        lambda: engine.engine.add_request(
+            request_id,
+            prompt,
+            params,
+            state.processor.eos_token_ids,
+            resume_output_token_ids=payload.resume_output_token_ids,
+        ),
+        stream,
+    )
+    image_tokens = sum(i.num_tokens for i in prompt.images)
+    return {
+        "request_id": request_id,
+        "prompt_tokens": len(prompt.token_ids) - image_tokens,
+        "images": [
+            {"tokens": i.num_tokens, "hash": i.content_hash, "width": i.width, "height": i.height}
+            for i in prompt.images
+        ],
+    }
+
+
+@router.post("/migrations")
+async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
+    state = _state(request)
+    if state.migration is None:
+        raise ClientError("this instance has no router link")
+    await state.migration.accept(offer)
+    return {"status": "queued"}
+
+
+@router.post("/migrations/{request_id}/pages")
+async def pages(request_id: str, query: PagesQuery, request: Request) -> Response:
+    state = _state(request)
+    assert state.migration is not None
+    try:
+        payload = await state.migration.export(request_id, query)
+    except KeyError as exc:
+        raise ClientError(f"no migrating request {request_id}", code="not_found") from exc
+    return Response(payload, media_type="application/octet-stream")
+
+
+@router.post("/migrations/{request_id}/release")
+async def release(request_id: str, request: Request) -> dict[str, str]:
+    state = _state(request)
+    assert state.migration is not None
+    state.migration.release(request_id)
+    return {"status": "released"}

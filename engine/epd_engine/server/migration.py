@@ -1,0 +1,259 @@
+"""Both sides of pull-based migration on one instance (DESIGN.md §4).
+
+Source: when a request's next stage lives elsewhere, offer it to the least-loaded instance
+of that stage (step 1), serve its pages when pulled (step 3), free them on release (4).
+Target: queue the offer; when the scheduler has pages it emits a PullTask; fetch (KV in
+layer groups), write, release the source. If the pull fails, recompute here when the role
+allows, otherwise ask the router to re-route: the request is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+
+import httpx
+
+from epd_engine.async_engine import AsyncEngine, RequestOutput, Stream
+from epd_engine.config import Stage, env_str
+from epd_engine.detokenizer import Detokenizer
+from epd_engine.request import CacheKind, ImageRef, PullSpec, Request
+from epd_engine.router.policy import InstanceLoad, LeastLoaded
+from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler.output import PullTask
+from epd_engine.server.router_link import RouterLink
+from epd_engine.transfer.backend import TransferBackend, TransferError
+from epd_engine.transfer.messages import (
+    ImageInfo,
+    MigrationOffer,
+    PagesQuery,
+    SamplingInfo,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MigrationManager:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        link: RouterLink,
+        backend: TransferBackend,
+        http: httpx.AsyncClient,
+        token: str,
+        layers_per_group: int = 8,
+    ) -> None:
+        self.engine = engine
+        self.link = link
+        self.backend = backend
+        self.http = http
+        self.headers = {"X-EPD-Token": token}
+        self.layers_per_group = layers_per_group
+        self.policy = LeastLoaded()
+        self.loop = asyncio.get_running_loop()
+        # fault injection for tests: hold each pull this long, so a test can kill the source
+        self.pull_delay_s = float(env_str("FAULT_PULL_DELAY_S", "0"))
+        self._tasks: set[asyncio.Task[None]] = set()
+        engine.on_handoff = self.on_handoff
+        engine.on_pull = self.on_pull
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- source side ------------------------------------------------------------------
+    def on_handoff(self, request: Request, stream: Stream) -> None:
+        self._spawn(self._handoff(request, stream))
+
+    async def _handoff(self, request: Request, stream: Stream) -> None:
+        assert stream.routing is not None
+        kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
+        offer = self._offer(request, stream, kind)
+        candidates = [
+            i
+            for i in self.link.instances
+            if i.role.runs(request.next_stage) and i.instance_id != self.link.identity.instance_id
+        ]
+        while candidates:
+            target = self.policy.choose(candidates)
+            candidates.remove(target)
+            if await self._send_offer(target, offer):
+                return
+        log.error("no %s instance took %s", request.next_stage.value, request.request_id)
+        self.engine.call(lambda: self.engine.engine.release_migrated(request.request_id))
+        await self.link.retry(stream.routing, f"no instance for {request.next_stage.value}")
+
+    def _offer(self, request: Request, stream: Stream, kind: CacheKind) -> MigrationOffer:
+        sched = self.engine.engine.scheduler
+        p = request.sampling
+        assert stream.routing is not None
+        routing = stream.routing.model_copy(
+            update={"path": [*stream.routing.path, self.link.identity.pool]}
+        )
+        return MigrationOffer(
+            request_id=request.request_id,
+            kind=kind,
+            source_url=self.link.identity.url,
+            source_instance=self.link.identity.instance_id,
+            prompt_token_ids=request.prompt_token_ids,
+            images=[ImageInfo(**vars(i)) for i in request.images],
+            sampling=SamplingInfo(
+                max_tokens=p.max_tokens,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                seed=p.seed,
+                stop=list(p.stop),
+                ignore_eos=p.ignore_eos,
+            ),
+            eos_token_ids=sorted(request.eos_token_ids),
+            output_token_ids=request.output_token_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_image_pages=sum(len(s.blocks) for s in sched.images.slots(request.request_id))
+            if sched.images
+            else 0,
+            num_kv_pages=len(sched.kv.block_table(request.request_id)) if sched.kv else 0,
+            emitted_text=stream.detokenizer.emitted,
+            routing=routing,
+        )
+
+    async def _send_offer(self, target: InstanceLoad, offer: MigrationOffer) -> bool:
+        try:
+            response = await self.http.post(
+                f"{target.url}/internal/migrations",
+                json=offer.model_dump(mode="json"),
+                headers=self.headers,
+                timeout=10.0,
+            )
+        except httpx.HTTPError as exc:
+            log.warning("offer of %s to %s failed: %r", offer.request_id, target.url, exc)
+            return False
+        if response.status_code != 200:
+            log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
+        return response.status_code == 200
+
+    async def export(self, request_id: str, query: PagesQuery) -> bytes:
+        tensors = await self.engine.call_async(
+            lambda: self.engine.engine.export_pages(request_id, query)
+        )
+        return self.backend.export(tensors)  # type: ignore[arg-type]
+
+    def release(self, request_id: str) -> None:
+        self.engine.call(lambda: self.engine.engine.release_migrated(request_id))
+
+    # ---- target side ------------------------------------------------------------------
+    async def accept(self, offer: MigrationOffer) -> None:
+        """Step 1 on the target: queue the request; it pulls when scheduled."""
+        sampling = SamplingParams(
+            max_tokens=offer.sampling.max_tokens,
+            temperature=offer.sampling.temperature,
+            top_p=offer.sampling.top_p,
+            seed=offer.sampling.seed,
+            stop=tuple(offer.sampling.stop),
+            ignore_eos=offer.sampling.ignore_eos,
+        )
+        detokenizer = Detokenizer(self.engine.decode, sampling.stop)
+        detokenizer.token_ids = list(offer.output_token_ids)
+        detokenizer.emitted = offer.emitted_text
+        routing = offer.routing
+        stream = Stream(
+            sink=lambda output: self.link.send(output, routing),
+            loop=self.loop,
+            detokenizer=detokenizer,
+            num_prompt_tokens=len(offer.prompt_token_ids),
+            num_output_tokens=len(offer.output_token_ids),
+            routing=routing,
+        )
+        images = [ImageRef(**i.model_dump()) for i in offer.images]
+
+        def make() -> Request:
+            request = Request(
+                request_id=offer.request_id,
+                prompt_token_ids=offer.prompt_token_ids,
+                sampling=sampling,
+                images=images,
+                eos_token_ids=frozenset(offer.eos_token_ids),
+                num_encoded_images=len(images),
+                num_computed_tokens=offer.num_computed_tokens if offer.kind is CacheKind.KV else 0,
+                output_token_ids=list(offer.output_token_ids),
+                pull=PullSpec(offer.kind, offer.source_url, offer.source_instance),
+            )
+            return self.engine.engine.add(request)
+
+        await self.engine.add(make, stream)
+        self.link.send(
+            RequestOutput(offer.request_id, "", [], len(offer.prompt_token_ids),
+                          len(offer.output_token_ids)),
+            routing,
+        )  # fmt: skip
+
+    def on_pull(self, task: PullTask) -> None:
+        """Engine thread: a PullTask was scheduled; do the I/O on the event loop."""
+        self.loop.call_soon_threadsafe(lambda: self._spawn(self._pull(task)))
+
+    async def _pull(self, task: PullTask) -> None:
+        start = time.monotonic()
+        if self.pull_delay_s:
+            await asyncio.sleep(self.pull_delay_s)
+        try:
+            tensors = {}
+            for query in self._queries(task):
+                tensors.update(await self.backend.fetch(task.source_url, task.request_id, query))
+        except TransferError as exc:
+            log.warning("pull of %s failed: %s", task.request_id, exc)
+            await self._pull_failed(task, str(exc))
+            return
+
+        def land() -> None:
+            self.engine.engine.import_pages(task, tensors)
+            self.engine.engine.scheduler.pull_done(task.request_id)
+
+        await self.engine.call_async(land)
+        seconds = time.monotonic() - start
+        stream = self.engine.streams.get(task.request_id)
+        if stream is not None and stream.routing is not None:
+            self.link.send_raw(
+                {
+                    "router_request_id": stream.routing.router_request_id,
+                    "attempt": stream.routing.attempt,
+                    "instance_id": self.link.identity.instance_id,
+                    "pool": self.link.identity.pool,
+                    "migration": {"kind": task.kind.value, "seconds": seconds},
+                }
+            )
+        await self._release_source(task)
+
+    def _queries(self, task: PullTask) -> list[PagesQuery]:
+        if task.kind is CacheKind.IMAGE:
+            if not task.image_blocks:
+                return []  # every image was already cached here
+            return [PagesQuery(kind=task.kind, image_indices=sorted(task.image_blocks))]
+        num_layers = self.engine.engine.num_layers
+        step = self.layers_per_group
+        return [
+            PagesQuery(kind=task.kind, layer_start=lo, layer_stop=min(lo + step, num_layers))
+            for lo in range(0, num_layers, step)
+        ]
+
+    async def _release_source(self, task: PullTask) -> None:
+        try:
+            await self.http.post(
+                f"{task.source_url}/internal/migrations/{task.request_id}/release",
+                headers=self.headers,
+                timeout=10.0,
+            )
+        except httpx.HTTPError as exc:  # the source frees it when its heartbeat lapses
+            log.warning("release of %s at %s failed: %r", task.request_id, task.source_url, exc)
+
+    async def _pull_failed(self, task: PullTask, reason: str) -> None:
+        stream = self.engine.streams.get(task.request_id)
+        recomputing = await self.engine.call_async(
+            lambda: self.engine.engine.scheduler.pull_failed(task.request_id)
+        )
+        if recomputing:
+            return
+        self.engine.call(lambda: self.engine.abort(task.request_id))
+        if stream is not None and stream.routing is not None:
+            await self.link.retry(stream.routing, f"pull failed: {reason}")

@@ -1,0 +1,144 @@
+"""An instance's link to its router: register + heartbeat load, ordered event delivery.
+
+The heartbeat answer carries the router's table of active instances; migration sources
+pick their targets from it by load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+
+import httpx
+
+from epd_engine.async_engine import RequestOutput
+from epd_engine.config import Role
+from epd_engine.engine import LLMEngine
+from epd_engine.router.policy import InstanceLoad
+from epd_engine.transfer.messages import Routing
+
+log = logging.getLogger(__name__)
+
+
+class RouterLink:
+    def __init__(
+        self,
+        router_url: str,
+        identity: InstanceLoad,
+        http: httpx.AsyncClient,
+        token: str,
+        heartbeat_s: float = 0.5,
+    ) -> None:
+        self.router_url = router_url.rstrip("/")
+        self.identity = identity
+        self.http = http
+        self.headers = {"X-EPD-Token": token}
+        self.heartbeat_s = heartbeat_s
+        self.instances: list[InstanceLoad] = []
+        self._events: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, engine: LLMEngine) -> None:
+        self._tasks = [
+            asyncio.create_task(self._heartbeats(engine)),
+            asyncio.create_task(self._send_events()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def load(self, engine: LLMEngine) -> InstanceLoad:
+        s = engine.scheduler
+        return InstanceLoad(
+            instance_id=self.identity.instance_id,
+            url=self.identity.url,
+            role=self.identity.role,
+            pool=self.identity.pool,
+            num_waiting=len(s.waiting),
+            num_running=len(s.running),
+            free_kv_blocks=s.kv.pool.num_free if s.kv else 0,
+            free_image_blocks=s.images.pool.num_free if s.images else 0,
+        )
+
+    async def _heartbeats(self, engine: LLMEngine) -> None:
+        while True:
+            try:
+                response = await self.http.post(
+                    f"{self.router_url}/internal/instances/heartbeat",
+                    json=_load_json(self.load(engine)),
+                    headers=self.headers,
+                    timeout=5.0,
+                )
+                response.raise_for_status()
+                self.instances = [_load_from(d) for d in response.json()["instances"]]
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                log.warning("heartbeat to %s failed: %r", self.router_url, exc)
+            await asyncio.sleep(self.heartbeat_s)
+
+    def send(self, output: RequestOutput, routing: Routing) -> None:
+        """Queue one output for the router (loop thread); a single sender keeps the order."""
+        self._events.put_nowait(
+            {
+                "router_request_id": routing.router_request_id,
+                "attempt": routing.attempt,
+                "instance_id": self.identity.instance_id,
+                "pool": self.identity.pool,
+                "token_ids": output.new_token_ids,
+                "text_delta": output.text_delta,
+                "num_prompt_tokens": output.num_prompt_tokens,
+                "num_output_tokens": output.num_output_tokens,
+                "finish_reason": output.finish_reason,
+                "error": output.error,
+                "stage_timings": [
+                    {"stage": t.stage.value, "queue_s": t.queue_s, "exec_s": t.exec_s}
+                    for t in output.stage_timings
+                ],
+            }
+        )
+
+    def send_raw(self, event: dict[str, object]) -> None:
+        self._events.put_nowait(event)
+
+    async def _send_events(self) -> None:
+        while True:
+            batch = [await self._events.get()]
+            while not self._events.empty():
+                batch.append(self._events.get_nowait())
+            for attempt in range(5):
+                try:
+                    response = await self.http.post(
+                        f"{self.router_url}/internal/events",
+                        json={"events": batch},
+                        headers=self.headers,
+                        timeout=10.0,
+                    )
+                    response.raise_for_status()
+                    break
+                except httpx.HTTPError as exc:
+                    log.warning("sending %d events failed (try %d): %r", len(batch), attempt, exc)
+                    await asyncio.sleep(0.2 * (attempt + 1))
+
+    async def retry(self, routing: Routing, reason: str) -> None:
+        """Ask the router to send the request down a fresh path (this instance cannot go on)."""
+        try:
+            await self.http.post(
+                f"{self.router_url}/internal/requests/{routing.router_request_id}/retry",
+                json={"attempt": routing.attempt, "reason": reason},
+                headers=self.headers,
+                timeout=10.0,
+            )
+        except httpx.HTTPError as exc:
+            log.error("cannot ask the router to retry %s: %r", routing.router_request_id, exc)
+
+
+def _load_json(load: InstanceLoad) -> dict[str, object]:
+    data = asdict(load)
+    data["role"] = load.role.value
+    return data
+
+
+def _load_from(data: dict[str, object]) -> InstanceLoad:
+    return InstanceLoad(**{**data, "role": Role(str(data["role"]))})  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Cache migration between instances (DESIGN.md §4): control messages + byte-moving backends."""
