@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from epd_engine.trace import (
     ImageRef,
     TraceFormatError,

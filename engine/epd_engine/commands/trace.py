@@ -32,6 +32,44 @@ def add_workload_args(parser: argparse.ArgumentParser, *, required: bool) -> Non
     parser.add_argument(
         "--text-only-fraction", type=float, help="override the share of text-only requests"
     )
+    mm = parser.add_argument_group("random-mm (vLLM style) options")
+    mm.add_argument("--input-len", type=int, help="text tokens per request (default 400)")
+    mm.add_argument("--output-len", type=int, help="output tokens per request (default 150)")
+    mm.add_argument("--range-ratio", type=float, help="lengths uniform within ±ratio")
+    mm.add_argument("--images-per-request", type=int, help="base images per request (default 1)")
+    mm.add_argument("--images-range-ratio", type=float, help="image count within ±ratio")
+    mm.add_argument("--image-size", action="append", metavar="WxH", help="repeatable; 640x640")
+
+
+_MM_FLAGS = ("input_len", "output_len", "range_ratio", "images_per_request",
+             "images_range_ratio", "image_size")  # fmt: skip
+
+
+def _shape_from_args(args: argparse.Namespace) -> Any:
+    """The workload name, or a random-mm shape built from its flags."""
+    from epd_engine.bench.workloads import random_mm
+
+    given = {name: getattr(args, name) for name in _MM_FLAGS if getattr(args, name) is not None}
+    if not given:
+        return args.workload
+    if args.workload != "random-mm":
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UserError(f"{flags} only apply to --workload random-mm")
+    sizes = []
+    for text in args.image_size or ["640x640"]:
+        try:
+            width, height = (int(v) for v in text.lower().split("x"))
+        except ValueError as exc:
+            raise UserError(f"--image-size expects WxH, e.g. 640x640, got {text!r}") from exc
+        sizes.append((width, height))
+    return random_mm(
+        input_len=args.input_len or 400,
+        output_len=args.output_len or 150,
+        range_ratio=args.range_ratio or 0.0,
+        base_items_per_request=1 if args.images_per_request is None else args.images_per_request,
+        num_items_range_ratio=args.images_range_ratio or 0.0,
+        image_sizes=sizes,
+    )
 
 
 def generate_from_args(args: argparse.Namespace) -> list[Any]:
@@ -46,7 +84,7 @@ def generate_from_args(args: argparse.Namespace) -> list[Any]:
     try:
         arrivals = ArrivalSpec(args.arrival, args.rate, args.cv)
         return synthesize(
-            args.workload,
+            _shape_from_args(args),
             args.num,
             arrivals,
             seed=args.seed,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from epd_engine.bench.arrivals import (
     ArrivalSpec,
     at_rate,

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+
 from epd_engine.bench.report import load_report
 from epd_engine.cli import main
 from epd_engine.trace import read_trace
-
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 
@@ -33,6 +33,14 @@ def test_trace_generate_show_scale_window(
     assert main(["trace", "window", str(fast), "--last", "1", "-o", str(last)]) == 0
     assert 1 <= len(read_trace(last)) <= 10
     assert main(["trace", "workloads"]) == 0
+    mm = tmp_path / "mm.jsonl"
+    mm_args = ["--workload", "random-mm", "--rate", "4", "--num", "20", "--input-len", "2000",
+               "--images-per-request", "3", "--image-size", "320x240", "--model-family",
+               "qwen2-vl", "-o", str(mm)]  # fmt: skip
+    assert main(["trace", "generate", *mm_args]) == 0
+    assert {(r.prompt_tokens, r.num_images, r.image_tokens) for r in read_trace(mm)} == {
+        (2000, 3, 3 * 99)  # Qwen2-VL: round(320/28) x round(240/28) = 11 x 9
+    }
     hist, rest = tmp_path / "h.jsonl", tmp_path / "r.jsonl"
     split = ["trace", "split", str(trace), "--history", str(hist), "--rest", str(rest)]
     assert main(split) == 0
@@ -46,6 +54,9 @@ def test_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert f"{bad}:2:" in capsys.readouterr().err
     assert main(["trace", "generate", "--workload", "nope", "--rate", "1", "-o", "x"]) == 2
     assert "unknown workload" in capsys.readouterr().err
+    args = ["trace", "generate", "--workload", "pope", "--rate", "1", "--input-len", "5", "-o", "x"]
+    assert main(args) == 2
+    assert "only apply to --workload random-mm" in capsys.readouterr().err
     assert main(["bench", "--trace", str(bad)]) == 2  # no endpoint
     assert "--endpoint is required" in capsys.readouterr().err
     assert main(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--trace", str(bad)]) == 2

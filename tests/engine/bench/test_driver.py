@@ -5,13 +5,13 @@ import io
 import statistics
 
 import pytest
+from PIL import Image
+
 from epd_engine.bench.arrivals import with_arrivals
 from epd_engine.bench.driver import DriverConfig, replay
 from epd_engine.bench.metrics import summarize
 from epd_engine.config import SLO
 from epd_engine.trace import ImageRef, TraceRecord
-from PIL import Image
-
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 

@@ -7,7 +7,6 @@ from epd_engine.bench.driver import DriverConfig, rate_runner
 from epd_engine.bench.goodput import find_goodput
 from epd_engine.bench.workloads import random_mm, synthesize
 from epd_engine.config import SLO
-
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 SERVICE_S = 0.04  # one request at a time in the fake's "prefill": capacity 25 req/s

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from epd_engine.bench.goodput import sweep
 from epd_engine.bench.metrics import RequestResult, summarize
 from epd_engine.bench.plots import plot_attainment, plot_latency_cdfs, plot_stage_breakdown

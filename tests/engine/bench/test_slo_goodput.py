@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from epd_engine.bench.goodput import RatePoint, find_goodput, goodput_from_points, sweep
 from epd_engine.bench.metrics import RequestResult, summarize
 from epd_engine.bench.slo import attainment, meets_slo, passes

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.image_tokens import llava_1_5, llava_next, qwen2_vl, qwen3_vl
 from epd_engine.bench.workloads import (
