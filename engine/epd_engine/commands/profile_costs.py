@@ -1,0 +1,90 @@
+"""``epdctl profile-costs``: measure iteration times on this machine with the real runner and
+save a fitted cost model (JSON, with hardware/model/software versions) for simulate/plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from epd_engine.cli import UserError
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from epd_engine.config import SLO, Role
+    from epd_engine.model.model_config import ModelFormatError
+    from epd_engine.profiler.budgets import derive_budgets
+    from epd_engine.profiler.cost_model import save_cost_model
+    from epd_engine.profiler.profile import ProfileConfig, profile_costs, samples_json
+
+    if args.preset and not (args.model / "config.json").is_file():
+        from epd_engine.model.make_model import make_model
+
+        make_model(args.preset, args.model, seed=0, dtype=args.dtype, show_progress=False)
+    if not (args.model / "config.json").is_file():
+        raise UserError(f"{args.model}: no config.json (make one with `epdctl make-model`)")
+    try:
+        slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+        config = ProfileConfig(
+            model_dir=args.model, device=args.device, dtype=args.dtype,
+            num_kv_blocks=args.num_kv_blocks, kv_block_size=args.kv_block_size,
+            num_image_blocks=args.num_image_blocks, max_num_running=args.max_num_running,
+            max_images=args.max_images, max_prefill_tokens=args.max_prefill_tokens,
+            max_decode_batch=args.max_decode_batch, repeats=args.repeats, rounds=args.rounds,
+            show_progress=not args.no_progress,
+        )  # fmt: skip
+        model, samples = profile_costs(config)
+    except (ModelFormatError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    budgets: dict[str, Any] = {}
+    for role in Role:
+        found = derive_budgets(model, role, slo)
+        budgets[role.value] = found.model_dump() if found else None
+    meta = dict(model.meta)
+    meta["budgets"] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "alpha": 0.5, **budgets}
+    model = type(model)(
+        model.encode, model.language, model.overlap, model.migration, model.capacity, meta
+    )
+    path = save_cost_model(model, args.out)
+    if args.samples:
+        args.samples.parent.mkdir(parents=True, exist_ok=True)
+        args.samples.write_text(json.dumps(samples_json(samples, model), indent=2) + "\n")
+    fit = meta["fit"]
+    print(
+        f"cost model: {path}  ({fit['num_samples']} samples; mean relative error "
+        f"encode {fit['encode_mean_rel_error']:.1%}, language {fit['language_mean_rel_error']:.1%})"
+    )
+    for name, found in budgets.items():
+        print(f"  {name:>3}: {found if found else 'SLO cannot be met (batch of one is too slow)'}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "profile-costs",
+        help="measure iteration costs with the real runner; save a fitted cost model (JSON)",
+        description="Times encode, prefill, decode and co-located batches on this machine, "
+        "fits the cost model the simulator and planner use, and derives the SLO budgets "
+        "the way the engine does at start-up.",
+    )
+    p.add_argument("--model", required=True, type=Path, help="checkpoint directory (HF layout)")
+    p.add_argument("--preset", help="make a random-weight checkpoint of this preset first")
+    p.add_argument("--out", type=Path, required=True, help="cost model JSON to write")
+    p.add_argument("--samples", type=Path, help="also write the raw samples (JSON)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument("--kv-block-size", type=int, default=16)
+    p.add_argument("--num-image-blocks", type=int, default=64)
+    p.add_argument("--max-num-running", type=int, default=256)
+    p.add_argument("--max-images", type=int, default=16, help="largest encode batch measured")
+    p.add_argument("--max-prefill-tokens", type=int, default=1024)
+    p.add_argument("--max-decode-batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per batch (best kept)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved passes over all batches")
+    p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO for the budgets, s")
+    p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO for the budgets, s")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_profile)

@@ -1,0 +1,144 @@
+"""Per-stage work of a trace and the goodput bound the plan search prunes with.
+
+``stage_work`` is the busy time one request needs per stage at the most efficient batch the
+budgets and caches allow (fixed costs amortised over a full batch, attention and KV reads
+counted exactly, encoder-cache hits free). HydraInfer's heuristic partitions instances in
+proportion to it; the exhaustive search uses ``goodput_bound`` to skip plans that cannot win:
+
+- a pool of n instances with work w per request sustains at most n / w requests per second.
+  Goodput is *defined* here as a sustainable rate: on a finite trace any plan passes at an
+  absurd rate once the whole trace fits in one TTFT window (burst absorption), which no
+  deployment can rely on, so the goodput search never goes above this capacity;
+- a request whose unloaded latency already misses the SLO (encode + image migration +
+  prefill alone > TTFT, or a batch-of-one decode step > TPOT) is a certain miss: if more
+  than 10% are, the plan's goodput is 0 at any rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from epd_engine.config import SLO, Method, Role, Stage
+from epd_engine.plan import Budgets
+from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.trace import TraceRecord
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Mean busy seconds per request of each stage on one instance, and latency floors."""
+
+    encode_s: float
+    prefill_s: float
+    decode_s: float
+    min_encode_s: np.ndarray  # [N] each request's images encoded alone
+    min_migrate_s: np.ndarray  # [N] its image embeddings moved to another instance
+    min_prefill_s: np.ndarray  # [N] its prompt prefilled alone, in budget-sized chunks
+    min_tpot_s: np.ndarray  # [N] batch-of-one decode step at the request's final context
+    max_output_tokens: int
+
+    def min_ttft_s(self, method: Method) -> np.ndarray:
+        """[N] unloaded TTFT under ``method`` (no migration when E and P share a pool)."""
+        floor = self.min_encode_s + self.min_prefill_s
+        if method.role_for(Stage.ENCODE) is not method.role_for(Stage.PREFILL):
+            floor = floor + self.min_migrate_s
+        return floor
+
+
+def stage_work(
+    records: Sequence[TraceRecord], cost: FittedCostModel, budgets: dict[Stage, Budgets]
+) -> StageWork:
+    """Work per request, given the budgets of the pools that run each stage."""
+    cap = cost.capacity
+    num = max(1, len(records))
+    per_image = cap.tokens_per_image or cap.image_block_tokens
+    image_batch_tokens = budgets[Stage.ENCODE].image_budget * per_image
+    enc_per_token = cost.encode_s(image_batch_tokens) / image_batch_tokens
+    lm = cost.language
+    token_budget = budgets[Stage.PREFILL].token_budget
+    pf_per_token = (lm.fixed_s + lm.per_token_s * max(token_budget, lm.knee_tokens)) / token_budget
+    kv_tokens = cap.num_kv_blocks * cap.kv_block_size
+
+    seen: set[str] = set()
+    encode = prefill = decode = 0.0
+    floors = np.zeros((4, len(records)))  # encode, migrate, prefill, tpot
+    for i, record in enumerate(records):
+        image_tokens = [cost.image_tokens(image.tokens) for image in record.images]
+        fresh = sum(  # encoder-cache hits cost nothing (optimistic, as a bound must be)
+            t
+            for image, t in zip(record.images, image_tokens, strict=True)
+            if image.hash not in seen
+        )
+        seen.update(image.hash for image in record.images)
+        encode += fresh * enc_per_token
+        prompt = record.prompt_tokens + sum(image_tokens)
+        prefill += (
+            prompt * pf_per_token
+            + lm.per_kpair_s * prompt * (prompt + 1) / 2000.0
+            + lm.per_sample_s
+        )
+        steps = record.output_tokens - 1
+        final_context = prompt + record.output_tokens
+        batch = max(1, min(cap.max_num_running, kv_tokens // max(1, final_context)))
+        per_step = (lm.fixed_s + lm.per_token_s * max(batch, lm.knee_tokens)) / batch
+        context_k = steps * (prompt + (record.output_tokens + 1) / 2) / 1000.0
+        decode += steps * (per_step + lm.per_sample_s) + lm.per_kcontext_s * context_k
+        chunks = -(-prompt // token_budget)
+        floors[2, i] = sum(
+            cost.prefill_s(min(token_budget, prompt - k * token_budget)) for k in range(chunks)
+        )
+        if image_tokens:
+            floors[0, i] = cost.encode_s(sum(image_tokens))
+            floors[1, i] = cost.migration_s("image", sum(image_tokens))
+        floors[3, i] = cost.decode_s(1, final_context) if steps > 0 else 0.0
+    return StageWork(
+        encode / num,
+        prefill / num,
+        decode / num,
+        floors[0],
+        floors[1],
+        floors[2],
+        floors[3],
+        max_output_tokens=max((r.output_tokens for r in records), default=1),
+    )
+
+
+def pool_work_s(method: Method, role: Role, work: StageWork, overlap: float) -> float:
+    """Busy seconds per request of one instance of ``role`` (co-located stages share it)."""
+    parts = [
+        w
+        for stage, w in (
+            (Stage.ENCODE, work.encode_s),
+            (Stage.PREFILL, work.prefill_s),
+            (Stage.DECODE, work.decode_s),
+        )
+        if role.runs(stage)
+    ]
+    total = sum(parts)
+    vision = work.encode_s if role.runs(Stage.ENCODE) else 0.0
+    # A step costs e + l - overlap·min(e, l) >= (e + l)(1 - overlap/2), and >= max(e, l).
+    return max(total * (1 - overlap / 2), vision, total - vision)
+
+
+def goodput_bound(
+    method: Method,
+    pools: dict[Role, int],
+    work: StageWork,
+    slo: SLO,
+    num_requests: int,
+    overlap: float,
+) -> float:
+    """Upper bound on the plan's sustainable goodput (req/s); 0 when the SLO is out of reach."""
+    allowed_misses = num_requests - int(np.ceil((slo.attainment - 1e-12) * num_requests))
+    late = (work.min_ttft_s(method) > slo.ttft_s) | (work.min_tpot_s > slo.tpot_s)
+    if int(np.sum(late)) > allowed_misses:
+        return 0.0
+    bound = float("inf")
+    for role in method.roles:
+        w = pool_work_s(method, role, work, overlap)
+        if w > 0:
+            bound = min(bound, pools[role] / w)
+    return bound

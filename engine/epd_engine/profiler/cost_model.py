@@ -1,0 +1,215 @@
+"""Cost model seam: iteration time of one instance as a function of its batch composition.
+
+The fitted model (``FittedCostModel``) is compact and saved as JSON with the hardware, model and
+software versions it was measured on (``epdctl profile-costs``). Shape of one iteration, as the
+runner executes it (encode first, then one ragged language-model pass over prefill chunks and
+decodes, then sampling)::
+
+    encode_s = e_fixed + e_per_token * max(image_tokens, e_knee)        (only if images > 0)
+    lm_s     = l_fixed + l_per_token * max(tokens, l_knee) + l_per_kpair * prefill_kpairs
+               + l_per_kcontext * decode_kcontext + l_per_sample * sampled   (only if tokens > 0)
+    step_s   = encode_s + lm_s - overlap * min(encode_s, lm_s)
+
+The knees model saturation (HydraInfer: encode saturates near 6 images, decode near 512
+tokens on an H800; below the knee a batch costs the same as at the knee). ``overlap`` is
+the share of the shorter part hidden by dual streams when stages are co-located (0 on CPU).
+Prefill attention is compute (query x key pairs); decode attention reads the KV cache (context
+tokens), so they get separate coefficients.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from epd_engine.scheduler.output import SchedulerOutput
+
+COST_MODEL_KIND = "epd-cost-model"
+COST_MODEL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What one iteration costs depends on: counts only, no tensors."""
+
+    num_images: int = 0
+    image_tokens: int = 0
+    num_tokens: int = 0  # prefill chunk tokens + one per decode
+    prefill_kpairs: float = 0.0  # sum over prefill chunks of query x key token pairs / 1000
+    decode_kcontext: float = 0.0  # sum over decodes of context tokens read / 1000
+    num_sampled: int = 0
+
+    @classmethod
+    def of(cls, out: SchedulerOutput) -> BatchShape:
+        tokens = 0
+        pairs = 0.0
+        sampled = 0
+        for task in out.prefills:
+            n = len(task.token_ids)
+            tokens += n
+            pairs += n * (task.start_position + (n + 1) / 2)  # causal: each query sees its prefix
+            sampled += task.sample
+        context = sum(task.start_position + 1 for task in out.decodes)
+        return cls(
+            num_images=len(out.encodes),
+            image_tokens=sum(t.num_tokens for t in out.encodes),
+            num_tokens=tokens + len(out.decodes),
+            prefill_kpairs=pairs / 1000.0,
+            decode_kcontext=context / 1000.0,
+            num_sampled=sampled + len(out.decodes),
+        )
+
+
+class CostModel(Protocol):
+    """Contract: ``step_s`` is the wall time of one iteration of that shape on one instance,
+    > 0 for a non-empty batch, non-decreasing in every field; ``migration_s`` the time to move
+    one request's image embeddings or KV between instances of different pools."""
+
+    def step_s(self, shape: BatchShape) -> float: ...
+
+    def migration_s(self, kind: str, num_tokens: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class EncodeCoeffs:
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+    knee_tokens: float = 0.0
+
+    def at(self, image_tokens: int) -> float:
+        if image_tokens <= 0:
+            return 0.0
+        return self.fixed_s + self.per_token_s * max(image_tokens, self.knee_tokens)
+
+
+@dataclass(frozen=True)
+class LanguageCoeffs:
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+    knee_tokens: float = 0.0
+    per_kpair_s: float = 0.0
+    per_kcontext_s: float = 0.0
+    per_sample_s: float = 0.0
+
+    def at(
+        self, num_tokens: int, prefill_kpairs: float, decode_kcontext: float, num_sampled: int
+    ) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return (
+            self.fixed_s
+            + self.per_token_s * max(num_tokens, self.knee_tokens)
+            + self.per_kpair_s * prefill_kpairs
+            + self.per_kcontext_s * decode_kcontext
+            + self.per_sample_s * num_sampled
+        )
+
+
+@dataclass(frozen=True)
+class MigrationCoeffs:
+    """Pull-based transfer: a fixed handshake plus bytes over the link."""
+
+    latency_s: float = 0.002
+    bytes_per_s: float = 1e9
+    image_bytes_per_token: int = 0  # hidden_size x dtype bytes
+    kv_bytes_per_token: int = 0  # 2 x layers x kv_heads x head_dim x dtype bytes
+
+    def at(self, kind: str, num_tokens: int) -> float:
+        per_token = self.image_bytes_per_token if kind == "image" else self.kv_bytes_per_token
+        return self.latency_s + num_tokens * per_token / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Cache sizes of one instance (what the engine is started with)."""
+
+    num_kv_blocks: int = 512
+    kv_block_size: int = 16
+    num_image_blocks: int = 64
+    image_block_tokens: int = 576  # one image per page (HydraInfer)
+    max_num_running: int = 256
+    max_model_len: int = 4096
+    tokens_per_image: int | None = None  # fixed-resolution models (LLaVA-1.5): cost images at it
+
+
+@dataclass(frozen=True)
+class FittedCostModel:
+    encode: EncodeCoeffs = field(default_factory=EncodeCoeffs)
+    language: LanguageCoeffs = field(default_factory=LanguageCoeffs)
+    overlap: float = 0.0
+    migration: MigrationCoeffs = field(default_factory=MigrationCoeffs)
+    capacity: Capacity = field(default_factory=Capacity)
+    meta: dict[str, Any] = field(default_factory=dict)  # hardware, model, software, fit quality
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
+
+    def encode_s(self, image_tokens: int) -> float:
+        return self.encode.at(image_tokens)
+
+    def step_s(self, shape: BatchShape) -> float:
+        enc = self.encode.at(shape.image_tokens)
+        lm = self.language.at(
+            shape.num_tokens, shape.prefill_kpairs, shape.decode_kcontext, shape.num_sampled
+        )
+        return enc + lm - self.overlap * min(enc, lm)
+
+    def migration_s(self, kind: str, num_tokens: int) -> float:
+        return self.migration.at(kind, num_tokens)
+
+    # ---- closed forms the budget search and the plan bounds use ---------------------------
+    def prefill_s(self, num_tokens: int) -> float:
+        """One fresh prompt chunk of ``num_tokens`` (the engine's budget probe)."""
+        return self.language.at(num_tokens, num_tokens * (num_tokens + 1) / 2000.0, 0.0, 1)
+
+    def decode_s(self, batch_size: int, context_tokens: int) -> float:
+        """A decode-only batch, each request at ``context_tokens`` of context."""
+        kcontext = batch_size * (context_tokens + 1) / 1000.0
+        return self.language.at(batch_size, 0.0, kcontext, batch_size)
+
+    def image_tokens(self, trace_tokens: int) -> int:
+        return self.capacity.tokens_per_image or trace_tokens
+
+    # ---- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": COST_MODEL_KIND, "version": COST_MODEL_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<cost model>") -> FittedCostModel:
+        if data.get("kind") != COST_MODEL_KIND:
+            raise ValueError(f"{source}: not a cost model (kind is {data.get('kind')!r})")
+        if data.get("version") != COST_MODEL_VERSION:
+            raise ValueError(f"{source}: cost model version {data.get('version')} unsupported")
+        try:
+            return cls(
+                encode=EncodeCoeffs(**data.get("encode", {})),
+                language=LanguageCoeffs(**data.get("language", {})),
+                overlap=float(data.get("overlap", 0.0)),
+                migration=MigrationCoeffs(**data.get("migration", {})),
+                capacity=Capacity(**data.get("capacity", {})),
+                meta=dict(data.get("meta", {})),
+            )
+        except TypeError as exc:  # unknown or missing field
+            raise ValueError(f"{source}: malformed cost model ({exc})") from exc
+
+
+def save_cost_model(model: FittedCostModel, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def load_cost_model(path: str | Path) -> FittedCostModel:
+    """Read a cost model JSON; ValueError naming the file when it is not one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read cost model ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a cost model (expected a JSON object)")
+    return FittedCostModel.from_dict(data, source=str(path))

@@ -1,0 +1,294 @@
+"""Measure iteration times with the real ``ModelRunner`` and fit a ``FittedCostModel``.
+
+The runner is built the way ``LLMEngine`` builds it (same loaders, cache shapes, dtype), and
+every sample runs ``ModelRunner.execute`` on a hand-made ``SchedulerOutput``: encode-only
+batches (1..N images), prefill chunks (sizes x contexts), decode batches (sizes x context
+lengths) and co-located batches (encode + prefill + decodes). Each time is the best of a few
+runs after a warm-up (``engine._best_of``'s rule). torch is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from epd_engine import __version__
+from epd_engine.config import Stage
+from epd_engine.profiler.cost_model import (
+    BatchShape,
+    Capacity,
+    FittedCostModel,
+    MigrationCoeffs,
+)
+from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap
+from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_kv_blocks: int = 512
+    kv_block_size: int = 16
+    num_image_blocks: int = 64
+    max_num_running: int = 256
+    max_images: int = 16
+    max_prefill_tokens: int = 1024
+    max_decode_batch: int = 64
+    repeats: int = 3
+    rounds: int = 3  # passes over all batches; the minimum per batch is kept (noisy hosts)
+    show_progress: bool = True
+
+
+def _best_of(run: Callable[[], object], repeats: int) -> float:
+    run()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _powers(limit: int, start: int = 1) -> list[int]:
+    values, n = [], start
+    while n < limit:
+        values.append(n)
+        n *= 2
+    return [*values, limit]
+
+
+class RunnerProbe:
+    """The real runner plus helpers that build batches of a given composition."""
+
+    def __init__(self, config: ProfileConfig) -> None:
+        import torch
+
+        from epd_engine.engine import _DTYPES
+        from epd_engine.model.loader import load_language, load_vision
+        from epd_engine.model.model_config import LlavaModelConfig
+        from epd_engine.runner import CacheShape, ModelRunner
+
+        self.torch = torch
+        self.config = config
+        self.model = LlavaModelConfig.from_dir(config.model_dir)
+        dtype = _DTYPES[config.dtype]
+        vision = load_vision(config.model_dir, dtype, config.device)
+        language = load_language(config.model_dir, dtype, config.device)
+        self.shape = CacheShape(
+            num_kv_blocks=config.num_kv_blocks,
+            kv_block_size=config.kv_block_size,
+            num_image_blocks=config.num_image_blocks,
+            image_block_tokens=self.model.num_image_tokens,
+            hidden_size=self.model.hidden_size,
+        )
+        self.runner = ModelRunner(vision, language, self.shape, dtype, config.device, True)
+        self.params = SamplingParams(max_tokens=1, temperature=0.0)
+        size = self.model.image_size
+        self.pixels = torch.zeros(3, size, size)
+        self.max_context = min(
+            self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
+        )
+
+    def _table(self, num_tokens: int) -> list[int]:
+        # Pages may be shared between probe tasks: only timing matters, not the values.
+        return [
+            b % self.shape.num_kv_blocks for b in range(-(-num_tokens // self.shape.kv_block_size))
+        ]
+
+    def batch(
+        self,
+        num_images: int = 0,
+        prefill: tuple[int, int] | None = None,
+        decodes: int = 0,
+        context: int = 0,
+    ) -> SchedulerOutput:
+        out = SchedulerOutput()
+        tokens = self.model.num_image_tokens
+        for i in range(num_images):
+            out.encodes.append(
+                EncodeTask(f"img{i}", 0, f"h{i}", tokens, [i % self.shape.num_image_blocks])
+            )
+        if prefill is not None:
+            chunk, start = prefill
+            out.prefills.append(
+                TokenTask("pf", Stage.PREFILL, [1] * chunk, start, self._table(start + chunk), True)
+            )
+        for i in range(decodes):
+            out.decodes.append(
+                TokenTask(f"d{i}", Stage.DECODE, [1], context, self._table(context + 1), True)
+            )
+        return out
+
+    def measure(self, out: SchedulerOutput) -> float:
+        pixels = [self.pixels] * len(out.encodes)
+        params = {t.request_id: self.params for t in out.token_tasks}
+        return _best_of(lambda: self.runner.execute(out, pixels, params), self.config.repeats)
+
+
+def _plan_batches(probe: RunnerProbe) -> list[tuple[str, SchedulerOutput]]:
+    cfg = probe.config
+    ctx_max = probe.max_context
+    batches: list[tuple[str, SchedulerOutput]] = []
+    for n in _powers(min(cfg.max_images, cfg.num_image_blocks)):
+        batches.append(("encode", probe.batch(num_images=n)))
+    for chunk in _powers(min(cfg.max_prefill_tokens, ctx_max), 16):
+        batches.append(("language", probe.batch(prefill=(chunk, 0))))
+    for start in (256, 1024):
+        if start + 64 <= ctx_max:
+            batches.append(("language", probe.batch(prefill=(64, start))))
+    for context in (32, 256, min(1024, ctx_max - 1)):
+        for size in _powers(cfg.max_decode_batch):
+            batches.append(("language", probe.batch(decodes=size, context=context)))
+    for size in (4, 16):
+        batches.append(("language", probe.batch(prefill=(128, 0), decodes=size, context=256)))
+        batches.append(
+            ("mixed", probe.batch(num_images=2, prefill=(128, 0), decodes=size, context=256))
+        )
+    return batches
+
+
+def measure_samples(probe: RunnerProbe) -> list[Sample]:
+    """Every batch, ``rounds`` times interleaved: another process's burst hits one round only."""
+    batches = _plan_batches(probe)
+    best = [float("inf")] * len(batches)
+    total = len(batches) * probe.config.rounds
+    with tqdm(total=total, desc="profiling", disable=not probe.config.show_progress) as bar:
+        for _ in range(probe.config.rounds):
+            for i, (_, out) in enumerate(batches):
+                best[i] = min(best[i], probe.measure(out))
+                bar.update(1)
+    return [
+        Sample(BatchShape.of(out), seconds, kind)
+        for (kind, out), seconds in zip(batches, best, strict=True)
+    ]
+
+
+def measure_link(num_bytes: int = 32 << 20) -> MigrationCoeffs:
+    """Loopback TCP: round-trip latency of a small message and bulk throughput."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(1 << 20):
+                if data.endswith(b"!"):
+                    conn.sendall(b"k")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        latencies = []
+        for _ in range(20):
+            start = time.perf_counter()
+            client.sendall(b"ping!")
+            client.recv(1)
+            latencies.append(time.perf_counter() - start)
+        payload = bytes(num_bytes - 1) + b"!"
+        start = time.perf_counter()
+        client.sendall(payload)
+        client.recv(1)
+        bulk_s = time.perf_counter() - start
+    server.close()
+    latency = sorted(latencies)[len(latencies) // 2]
+    return MigrationCoeffs(latency_s=latency, bytes_per_s=num_bytes / max(bulk_s - latency, 1e-9))
+
+
+def environment(config: ProfileConfig) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = config.device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = torch.cuda.get_device_name(torch.device(device))
+    config_json = (config.model_dir / "config.json").read_bytes()
+    return {
+        "hardware": {
+            "device": device,
+            "cpu": cpu,
+            "num_threads": torch.get_num_threads(),
+            "host": platform.node(),
+        },
+        "model": {
+            "dir": str(config.model_dir),
+            "name": config.model_dir.name,
+            "config_sha256": hashlib.sha256(config_json).hexdigest()[:16],
+            "dtype": config.dtype,
+        },
+        "software": {
+            "epd_engine": __version__,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "platform": platform.platform(),
+        },
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]:
+    """Measure on this machine and fit. Returns the model and the raw samples."""
+    probe = RunnerProbe(config)
+    samples = measure_samples(probe)
+    encode, encode_err = fit_encode([s for s in samples if s.kind == "encode"])
+    language, language_err = fit_language([s for s in samples if s.kind == "language"])
+    overlap = fit_overlap([s for s in samples if s.kind == "mixed"], encode, language)
+    model = probe.model
+    bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[config.dtype]
+    link = measure_link()
+    migration = replace(
+        link,
+        image_bytes_per_token=model.hidden_size * bytes_per,
+        kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads * model.head_dim * bytes_per,
+    )
+    capacity = Capacity(
+        num_kv_blocks=config.num_kv_blocks,
+        kv_block_size=config.kv_block_size,
+        num_image_blocks=config.num_image_blocks,
+        image_block_tokens=model.num_image_tokens,
+        max_num_running=config.max_num_running,
+        max_model_len=model.max_position_embeddings,
+        tokens_per_image=model.num_image_tokens,  # LLaVA-1.5: fixed per image
+    )
+    meta = environment(config)
+    meta["fit"] = {
+        "encode_mean_rel_error": round(encode_err, 4),
+        "language_mean_rel_error": round(language_err, 4),
+        "num_samples": len(samples),
+    }
+    fitted = FittedCostModel(encode, language, overlap, migration, capacity, meta)
+    return fitted, samples
+
+
+def samples_json(samples: Iterable[Sample], model: FittedCostModel) -> list[dict[str, Any]]:
+    """Raw samples with the model's prediction, for the JSON's ``samples`` section."""
+    return [
+        {
+            "kind": s.kind,
+            **{k: getattr(s.shape, k) for k in s.shape.__slots__},
+            "measured_s": s.seconds,
+            "predicted_s": model.step_s(s.shape),
+        }
+        for s in samples
+    ]

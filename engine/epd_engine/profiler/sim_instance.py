@@ -1,0 +1,108 @@
+"""One simulated engine instance: the real ``Scheduler`` with real cache managers, no model.
+
+Also turns trace records into the engine's ``Request`` objects the scheduler consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epd_engine.cache.image_cache import ImageCacheManager
+from epd_engine.cache.kv_cache import KVCacheManager
+from epd_engine.config import Role, Stage
+from epd_engine.plan import Budgets
+from epd_engine.profiler.cost_model import Capacity, FittedCostModel
+from epd_engine.request import ImageRef, Request
+from epd_engine.router.policy import InstanceLoad
+from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from epd_engine.trace import TraceRecord
+
+
+def build_scheduler(role: Role, budgets: Budgets, capacity: Capacity) -> Scheduler:
+    """A scheduler set up the way ``LLMEngine`` sets up its own."""
+    kv = (
+        KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size)
+        if role.needs_language
+        else None
+    )
+    with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
+    images = (
+        ImageCacheManager(capacity.num_image_blocks, capacity.image_block_tokens)
+        if with_images
+        else None
+    )
+    limits = SchedulerLimits(
+        token_budget=budgets.token_budget,
+        image_budget=budgets.image_budget,
+        max_num_running=capacity.max_num_running,
+        max_model_len=capacity.max_model_len,
+    )
+    return Scheduler(role, limits, kv, images)
+
+
+@dataclass
+class SimInstance:
+    index: int
+    role: Role
+    scheduler: Scheduler
+    step: SchedulerOutput | None = None  # the iteration in flight (the instance is busy)
+    num_incoming: int = 0  # migrations on their way here: queued in the real protocol's step 1
+    handed_off: set[str] = field(default_factory=set)  # migrating requests already dispatched
+    busy_s: float = 0.0
+    _load: InstanceLoad | None = None
+
+    @property
+    def instance_id(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+    def changed(self) -> None:
+        """Its queues or pages changed: the next ``load()`` recomputes (cheap routing)."""
+        self._load = None
+
+    def load(self) -> InstanceLoad:
+        """What this instance's heartbeat would report to the router (exact, not stale)."""
+        if self._load is None:
+            self._load = self._measure_load()
+        return self._load
+
+    def _measure_load(self) -> InstanceLoad:
+        sched = self.scheduler
+        return InstanceLoad(
+            instance_id=self.instance_id,
+            url="",
+            role=self.role,
+            pool=self.role.value,
+            num_waiting=len(sched.waiting) + self.num_incoming,
+            num_running=len(sched.running),
+            free_kv_blocks=sched.kv.pool.num_free if sched.kv else 0,
+            free_image_blocks=sched.images.pool.num_free if sched.images else 0,
+        )
+
+
+class RequestFactory:
+    """Trace records -> engine requests (ids are the record's index in the trace)."""
+
+    def __init__(self, cost: FittedCostModel) -> None:
+        self.cost = cost
+        self._prompts: dict[int, list[int]] = {}  # token ids never matter: share one per length
+
+    def image_tokens(self, record: TraceRecord) -> list[int]:
+        return [self.cost.image_tokens(image.tokens) for image in record.images]
+
+    def make(self, index: int, record: TraceRecord) -> Request:
+        images = []
+        offset = 0
+        for image, num_tokens in zip(record.images, self.image_tokens(record), strict=True):
+            images.append(ImageRef(image.hash, offset, num_tokens, image.width, image.height))
+            offset += num_tokens
+        total = offset + record.prompt_tokens
+        prompt = self._prompts.setdefault(total, [0] * total)
+        sampling = SamplingParams(max_tokens=record.output_tokens, temperature=0.0, ignore_eos=True)
+        return Request(
+            request_id=str(index),
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            images=images,
+            arrival_s=record.arrival_s,
+        )

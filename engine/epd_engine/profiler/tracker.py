@@ -1,0 +1,121 @@
+"""Per-request bookkeeping of a simulation: token times, errors, path, certain SLO misses.
+
+A request *certainly* misses when its TTFT deadline passed without a first token, when more
+of its gaps were late than the p90 rule allows (HydraInfer: 90% of gaps <= TPOT SLO), or
+when it failed. ``failed`` turns True once so many missed that attainment cannot pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from epd_engine.bench.metrics import RequestResult
+from epd_engine.config import SLO
+from epd_engine.request import Request
+from epd_engine.trace import TraceRecord
+
+
+def allowed_late_gaps(num_gaps: int) -> int:
+    """Late gaps a request may have with nearest-rank p90 still on time (``trace.nearest_rank``)."""
+    if num_gaps <= 0:
+        return 0
+    return num_gaps - max(1, math.ceil(0.9 * num_gaps - 1e-9))
+
+
+class RequestTracker:
+    def __init__(self, records: Sequence[TraceRecord], slo: SLO | None) -> None:
+        num = len(records)
+        self.records = records
+        self.slo = slo  # None: never stop early
+        self.first_s: list[float | None] = [None] * num
+        self.last_s: list[float] = [0.0] * num
+        self.gaps: list[list[float]] = [[] for _ in range(num)]
+        self.finish_s: list[float | None] = [None] * num
+        self.errors: list[str | None] = [None] * num
+        self.paths: list[list[str]] = [[] for _ in range(num)]
+        self.migrate_s: list[float] = [0.0] * num
+        self._requests: dict[int, Request] = {}
+        self._late: list[int] = [0] * num
+        self._missed: list[bool] = [False] * num
+        self._num_missed = 0
+        self._max_missed = num - math.ceil((slo.attainment - 1e-12) * num) if slo else num
+        self.failed = False
+
+    def request(self, index: int) -> Request:
+        return self._requests[index]
+
+    def visit(self, index: int, request: Request, pool: str) -> None:
+        self._requests[index] = request
+        self.paths[index].append(pool)
+
+    def migrated(self, index: int, seconds: float) -> None:
+        self.migrate_s[index] += seconds
+
+    def token(self, index: int, now: float) -> None:
+        if self.first_s[index] is None:
+            self.first_s[index] = now
+        else:
+            gap = now - self.last_s[index]
+            self.gaps[index].append(gap)
+            if self.slo is not None and gap > self.slo.tpot_s:
+                self._late[index] += 1
+                num_gaps = self.records[index].output_tokens - 1
+                if self._late[index] > allowed_late_gaps(num_gaps):
+                    self._miss(index)
+        self.last_s[index] = now
+
+    def finish(self, index: int, now: float) -> None:
+        self.finish_s[index] = now
+        self._requests.pop(index, None)
+        first = self.first_s[index]
+        if self.slo is None or first is None:
+            return
+        if first - self.records[index].arrival_s > self.slo.ttft_s:
+            self._miss(index)
+
+    def fail(self, index: int, now: float, error: str) -> None:
+        if self.errors[index] is None:
+            self.errors[index] = error
+            self.finish_s[index] = now
+        self._miss(index)
+
+    def deadline(self, index: int) -> None:
+        """The TTFT SLO elapsed: a request with no first token yet has missed."""
+        if self.first_s[index] is None:
+            self._miss(index)
+
+    def _miss(self, index: int) -> None:
+        if self._missed[index]:
+            return
+        self._missed[index] = True
+        self._num_missed += 1
+        if self._num_missed > self._max_missed:
+            self.failed = True
+
+    def results(self, unfinished_error: str) -> list[RequestResult]:
+        out = []
+        for index, record in enumerate(self.records):
+            first = self.first_s[index]
+            end = self.finish_s[index]
+            error = self.errors[index]
+            if error is None and end is None:
+                error = unfinished_error
+            arrival = record.arrival_s
+            out.append(
+                RequestResult(
+                    request_id=record.request_id or str(index),
+                    arrival_s=arrival,
+                    prompt_tokens=record.prompt_tokens,
+                    num_images=record.num_images,
+                    output_tokens=record.output_tokens,
+                    ttft_s=None if first is None else first - arrival,
+                    itl_s=tuple(self.gaps[index]),
+                    e2e_s=None if end is None else end - arrival,
+                    num_output_tokens=len(self.gaps[index]) + (first is not None),
+                    error=error,
+                    stage_s={"migrate": self.migrate_s[index]} if self.migrate_s[index] else None,
+                    path=tuple(self.paths[index]),
+                )
+            )
+        return out

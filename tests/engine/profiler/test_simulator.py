@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pytest
+
+from epd_engine.bench.metrics import summarize
+from epd_engine.config import SLO, Method, Role
+from epd_engine.plan import Budgets, Plan
+from epd_engine.profiler.simulator import simulate
+
+from .factories import make_trace, toy_cost_model
+
+PLANS = [
+    Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 2}),
+    Plan(method=Method.EP_D, pools={Role.EP: 2, Role.D: 1}),
+    Plan(method=Method.ED_P, pools={Role.ED: 2, Role.P: 1}),
+    Plan(method=Method.E_PD, pools={Role.E: 1, Role.PD: 2}),
+    Plan(method=Method.EPD, pools={Role.EPD: 3}),
+]
+SLO_LOOSE = SLO(ttft_s=10.0, tpot_s=1.0)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
+def test_every_request_finishes_exactly_once_with_all_its_tokens(plan: Plan) -> None:
+    trace = make_trace(num=60, rate_rps=50, output_tokens=7, text_only_every=3)
+    result = simulate(plan, trace, toy_cost_model(), SLO_LOOSE)
+    assert [r.request_id for r in result.results] == [t.request_id for t in trace]
+    for record, r in zip(trace, result.results, strict=True):
+        assert r.ok, r.error
+        assert r.num_output_tokens == record.output_tokens
+        assert len(r.itl_s) == record.output_tokens - 1
+        assert r.e2e_s is not None and r.ttft_s is not None and r.e2e_s >= r.ttft_s > 0
+    assert not result.stopped_early
+
+
+def test_paths_follow_the_method_and_text_skips_encode() -> None:
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    trace = make_trace(num=4, text_only_every=2)
+    results = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
+    assert [r.path for r in results] == [("P", "D"), ("E", "P", "D")] * 2
+    assert results[0].stage_s == {"migrate": pytest.approx(0.001 + 20 * 4096 / 1e9)}
+    ed = Plan(method=Method.ED_P, pools={Role.ED: 1, Role.P: 1})
+    paths = [r.path for r in simulate(ed, trace, toy_cost_model(), SLO_LOOSE).results]
+    assert paths == [("P", "ED"), ("ED", "P", "ED")] * 2
+
+
+def test_an_idle_plan_matches_the_cost_model_exactly() -> None:
+    """One request alone: TTFT = encode + image migration + prefill; TPOT = decode step."""
+    cost = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=1e-4, decode_step_s=0.005)
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    [r] = simulate(plan, make_trace(num=1, output_tokens=3), cost, SLO_LOOSE).results
+    encode = 0.01
+    image_move = cost.migration_s("image", 100)
+    prefill = 0.005 + 1e-4 * 120
+    assert r.ttft_s == pytest.approx(encode + image_move + prefill)
+    kv_move = cost.migration_s("kv", 120)
+    assert r.itl_s[0] == pytest.approx(kv_move + 0.005 + 1e-4)
+    assert r.itl_s[1] == pytest.approx(0.005 + 1e-4)
+
+
+def test_reports_the_same_summary_as_bench() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 2})
+    result = simulate(plan, make_trace(num=30), toy_cost_model(), SLO_LOOSE)
+    summary = summarize(result.results, SLO_LOOSE)
+    assert summary.num_ok == 30 and summary.attainment == 1.0
+    assert summary.ttft.p90_s > 0 and summary.tpot_p90.p90_s > 0
+
+
+def test_encoder_cache_hits_skip_encode() -> None:
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    cost = toy_cost_model(encode_per_image_s=0.2)
+    fresh = simulate(plan, make_trace(num=10, rate_rps=2), cost, SLO_LOOSE)
+    shared = simulate(plan, make_trace(num=10, rate_rps=2, shared_images=True), cost, SLO_LOOSE)
+    assert fresh.busy_s_by_role["E"] == pytest.approx(10 * 0.2)
+    assert shared.busy_s_by_role["E"] == pytest.approx(0.2)  # encoded once, then cache hits
+
+
+def test_overload_stops_early_and_counts_as_failing() -> None:
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    cost = toy_cost_model(encode_per_image_s=0.5)  # E serves 2 img/s; the trace sends 100/s
+    trace = make_trace(num=200, rate_rps=100)
+    slo = SLO(ttft_s=1.0, tpot_s=1.0)
+    result = simulate(plan, trace, cost, slo, stop_on_failure=True)
+    assert result.stopped_early
+    assert summarize(result.results, slo).attainment < 0.9
+    assert any(r.error and "stopped early" in r.error for r in result.results)
+
+
+def test_requests_that_cannot_fit_fail_clearly_instead_of_hanging() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 1})
+    trace = make_trace(num=2, prompt_tokens=5000)  # over the 4096-token context window
+    results = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
+    assert all(r.error and "context window" in r.error for r in results)
+
+
+def test_an_infeasible_budget_fails_every_request() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 1})
+    slo = SLO(ttft_s=1.0, tpot_s=0.001)  # no decode step is that fast
+    results = simulate(plan, make_trace(num=3), toy_cost_model(), slo).results
+    assert all(r.error and "budget" in r.error for r in results)
+
+
+def test_given_budgets_are_used() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 1},
+                budgets={Role.EPD: Budgets(image_budget=1, token_budget=8)})  # fmt: skip
+    trace = make_trace(num=1, prompt_tokens=20, images_per_request=0)
+    [r] = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
+    assert r.ttft_s == pytest.approx(3 * 0.005 + 20 * 1e-4)  # three chunks of <= 8 tokens
