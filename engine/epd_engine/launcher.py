@@ -45,6 +45,8 @@ class LaunchSpec:
     dtype: str = "float32"
     device: str = "cpu"
     engine_args: list[str] = field(default_factory=list)
+    instance_env: dict[str, str] = field(default_factory=dict)  # e.g. EPD_* settings
+    instance_timeout_s: float = 3.0  # router drops an instance after this much silence
 
     @property
     def router_url(self) -> str:
@@ -103,6 +105,7 @@ def router_args(spec: LaunchSpec) -> list[str]:
         "--trace-dir", str(spec.run_dir / "trace"),
         "--slo-ttft", str(spec.slo_ttft_s),
         "--slo-tpot", str(spec.slo_tpot_s),
+        "--instance-timeout", str(spec.instance_timeout_s),
         "--log-level", "warning",
     ]  # fmt: skip
 
@@ -121,7 +124,7 @@ class LocalSystem:
         self.spec = spec
         self.processes: list[Process] = []
 
-    def _start(self, name: str, args: list[str]) -> Process:
+    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.spec.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
@@ -129,6 +132,7 @@ class LocalSystem:
                 [sys.executable, "-m", "epd_engine", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
                 start_new_session=True,  # Ctrl-C reaches `up`, which stops children in order
             )
         process = Process(name, popen, log)
@@ -139,7 +143,7 @@ class LocalSystem:
         self._start("router", router_args(self.spec))
         planned = instances(self.spec)
         for instance in planned:
-            self._start(instance.name, instance.args)
+            self._start(instance.name, instance.args, self.spec.instance_env)
         self.write_state(planned)
         return planned
 
@@ -171,6 +175,9 @@ class LocalSystem:
             return sum(len(p["instances"]) for p in pools.json()["pools"].values())
         except (httpx.HTTPError, ValueError, KeyError):
             return 0
+
+    def process(self, name: str) -> Process:
+        return next(p for p in self.processes if p.name == name)
 
     def dead(self) -> list[Process]:
         return [p for p in self.processes if p.popen.poll() is not None]

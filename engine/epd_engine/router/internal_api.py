@@ -93,6 +93,23 @@ async def pools(request: Request) -> dict[str, object]:
     }
 
 
+@router.get("/requests")
+async def inflight(request: Request) -> dict[str, object]:
+    """Requests in flight: where each one is and where it has been."""
+    return {
+        "requests": [
+            {
+                "id": r.router_request_id,
+                "holder": r.holder,
+                "path": r.path,
+                "attempt": r.attempt,
+                "num_output_tokens": len(r.token_ids),
+            }
+            for r in _dispatcher(request).inflight.values()
+        ]
+    }
+
+
 class Routing(BaseModel):
     active_pools: list[str] | None  # None: every registered pool takes new requests
 

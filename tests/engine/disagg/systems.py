@@ -1,0 +1,47 @@
+"""Start whole local systems (router + pools as real processes) for a method."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from epd_engine.config import Method
+from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
+from epd_engine.plan import Budgets, Plan
+
+ENGINE_ARGS = ["--num-kv-blocks", "256", "--num-image-blocks", "16", "--max-num-running", "16"]
+BUDGETS = Budgets(token_budget=256, image_budget=4)
+
+
+def plan_for(method: Method, pools: dict[str, int]) -> Plan:
+    roles = {role: pools.get(role.value, 1) for role in method.roles}
+    return Plan(method=method, pools=roles, budgets={r: BUDGETS for r in roles})
+
+
+@contextmanager
+def local_system(
+    model_dir: Path,
+    run_dir: Path,
+    plan: Plan,
+    instance_env: dict[str, str] | None = None,
+    instance_timeout_s: float = 3.0,
+) -> Iterator[LocalSystem]:
+    spec = LaunchSpec(
+        name="test",
+        model_name="tiny-llava",
+        model_dir=model_dir,
+        plan=plan,
+        router_port=free_port(),
+        run_dir=run_dir,
+        engine_args=ENGINE_ARGS,
+        instance_env=instance_env or {},
+        instance_timeout_s=instance_timeout_s,
+    )
+    system = LocalSystem(spec)
+    system.start()
+    try:
+        system.wait_ready(timeout_s=240)
+        yield system
+    finally:
+        system.stop()

@@ -1,0 +1,94 @@
+"""Every method, through the router with real processes, gives the tokens one EPD instance
+gives (greedy): the image-embedding and KV migrations are exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from epd_engine.config import Method, Stage
+from epd_engine.trace import parse_trace
+from tests.engine.disagg.systems import local_system, plan_for
+from tests.engine.disagg.workload import CASES, run_all
+from tests.processes import free_port, running
+
+pytestmark = pytest.mark.slow
+
+# Each method runs with two instances in one pool, so routing and target choice matter.
+SECOND_INSTANCE = {
+    Method.E_P_D: {"P": 2},
+    Method.EP_D: {"D": 2},
+    Method.ED_P: {"ED": 2},
+    Method.E_PD: {"E": 2},
+    Method.EPD: {"EPD": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Outputs of one standalone EPD instance (no router)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("reference") / "serve.log"
+    args = [
+        "serve", "--model", str(tiny_model_dir), "--served-model-name", "tiny-llava",
+        "--port", str(port), "--token-budget", "256", "--image-budget", "4",
+        "--num-kv-blocks", "256", "--num-image-blocks", "16",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with running(args, f"{url}/health/ready", log):
+        return asyncio.run(run_all(f"{url}/v1"))
+
+
+@pytest.fixture(params=list(SECOND_INSTANCE), ids=lambda m: m.value)
+def method_system(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[tuple[Method, str]]:
+    method: Method = request.param
+    with local_system(tiny_model_dir, tmp_path, plan_for(method, SECOND_INSTANCE[method])) as s:
+        yield method, s.spec.router_url
+
+
+def test_method_outputs_match_single_epd_instance(
+    method_system: tuple[Method, str], reference: dict[str, str]
+) -> None:
+    method, url = method_system
+    outputs = asyncio.run(run_all(f"{url}/v1"))
+    assert outputs == reference
+    assert all(reference.values())
+
+    records = parse_trace(httpx.get(f"{url}/v1/trace").text.splitlines())
+    assert len(records) == len(CASES)
+    for record in records:
+        assert record.path, record
+        assert record.output_tokens in {c.max_tokens for c in CASES}
+        assert record.ttft_s is not None and record.ttft_s > 0
+        entry = record.path[0]
+        if record.text_only or method is Method.EPD:
+            prefill_role = method.role_for(Stage.PREFILL).value.lower()
+            assert entry.endswith("-" + prefill_role), (entry, record)
+        else:
+            assert entry.endswith("-" + method.roles[0].value.lower()), (entry, record)
+        pools_visited = {p.rsplit("-", 1)[-1].upper() for p in record.path}
+        expected = {r.value for r in method.roles if not (record.text_only and r.value == "E")}
+        assert pools_visited == expected, (method, record.path)
+    shared = [r for r in records if r.images and r.images[0].hash == records_hash(records)]
+    assert shared  # the shared image was recorded with its content hash
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'outcome="success"' in metrics
+    if method is not Method.EPD:
+        assert "epd_migration_seconds_count" in metrics
+    json.dumps([r.model_dump() for r in records])  # records are plain data
+
+
+def records_hash(records: list) -> str:  # type: ignore[type-arg]
+    """The hash that appears on more than one record (the shared image)."""
+    seen: dict[str, int] = {}
+    for record in records:
+        for image in record.images:
+            seen[image.hash] = seen.get(image.hash, 0) + 1
+    return next(h for h, n in seen.items() if n > 1)
