@@ -31,7 +31,7 @@ def toy_cost_model(
         ),
         migration=MigrationCoeffs(
             latency_s=0.001, bytes_per_s=1e9, image_bytes_per_token=1024, kv_bytes_per_token=4096
-        ),  # fmt: skip
+        ),
         capacity=Capacity(
             num_kv_blocks=2048,
             kv_block_size=16,
@@ -59,11 +59,19 @@ def make_trace(
     records = []
     for i in range(num):
         text_only = text_only_every > 0 and i % text_only_every == 0
-        images = () if text_only else tuple(
-            ImageRef(tokens=image_tokens, hash="same" if shared_images else f"img-{i}-{k}",
-                     width=336, height=336)
-            for k in range(images_per_request)
-        )  # fmt: skip
+        images = (
+            ()
+            if text_only
+            else tuple(
+                ImageRef(
+                    tokens=image_tokens,
+                    hash="same" if shared_images else f"img-{i}-{k}",
+                    width=336,
+                    height=336,
+                )
+                for k in range(images_per_request)
+            )
+        )
         records.append(
             TraceRecord(
                 request_id=f"r{i}",

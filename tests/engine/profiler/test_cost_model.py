@@ -35,10 +35,21 @@ def test_batch_shape_counts_tokens_pairs_and_context() -> None:
 def test_step_time_grows_with_every_field_and_is_zero_when_empty() -> None:
     model = reference_cost_model()
     assert model.step_s(BatchShape()) == 0.0
-    base = BatchShape(num_images=1, image_tokens=576, num_tokens=64, prefill_kpairs=2.0,
-                      decode_kcontext=1.0, num_sampled=4)  # fmt: skip
-    for field, bigger in [("image_tokens", 5000), ("num_tokens", 4000), ("prefill_kpairs", 900.0),
-                          ("decode_kcontext", 80.0), ("num_sampled", 64)]:  # fmt: skip
+    base = BatchShape(
+        num_images=1,
+        image_tokens=576,
+        num_tokens=64,
+        prefill_kpairs=2.0,
+        decode_kcontext=1.0,
+        num_sampled=4,
+    )
+    for field, bigger in [
+        ("image_tokens", 5000),
+        ("num_tokens", 4000),
+        ("prefill_kpairs", 900.0),
+        ("decode_kcontext", 80.0),
+        ("num_sampled", 64),
+    ]:
         grown = BatchShape(**{**{k: getattr(base, k) for k in base.__slots__}, field: bigger})
         assert model.step_s(grown) > model.step_s(base), field
 

@@ -7,17 +7,31 @@ from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overla
 
 
 def test_fit_recovers_known_language_coefficients() -> None:
-    truth = LanguageCoeffs(fixed_s=0.002, per_token_s=1e-5, knee_tokens=64, per_kpair_s=3e-6,
-                           per_kcontext_s=2e-4, per_sample_s=1e-4)  # fmt: skip
-    shapes = [BatchShape(num_tokens=n, prefill_kpairs=n * n / 2000, num_sampled=1)
-              for n in (16, 64, 128, 256, 512, 1024)]  # fmt: skip
-    shapes += [BatchShape(num_tokens=b, decode_kcontext=b * c / 1000, num_sampled=b)
-               for b in (1, 4, 16, 64, 128) for c in (32, 512)]  # fmt: skip
+    truth = LanguageCoeffs(
+        fixed_s=0.002,
+        per_token_s=1e-5,
+        knee_tokens=64,
+        per_kpair_s=3e-6,
+        per_kcontext_s=2e-4,
+        per_sample_s=1e-4,
+    )
+    shapes = [
+        BatchShape(num_tokens=n, prefill_kpairs=n * n / 2000, num_sampled=1)
+        for n in (16, 64, 128, 256, 512, 1024)
+    ]
+    shapes += [
+        BatchShape(num_tokens=b, decode_kcontext=b * c / 1000, num_sampled=b)
+        for b in (1, 4, 16, 64, 128)
+        for c in (32, 512)
+    ]
     samples = [
-        Sample(s, truth.at(s.num_tokens, s.prefill_kpairs, s.decode_kcontext, s.num_sampled),
-               "language")
+        Sample(
+            s,
+            truth.at(s.num_tokens, s.prefill_kpairs, s.decode_kcontext, s.num_sampled),
+            "language",
+        )
         for s in shapes
-    ]  # fmt: skip
+    ]
     fitted, error = fit_language(samples)
     assert error < 1e-6
     assert fitted.knee_tokens == 64
@@ -27,13 +41,17 @@ def test_fit_recovers_known_language_coefficients() -> None:
 
 def test_fit_encode_finds_the_saturation_knee_and_never_goes_negative() -> None:
     truth = EncodeCoeffs(fixed_s=0.001, per_token_s=2e-6, knee_tokens=600)
-    samples = [Sample(BatchShape(num_images=n, image_tokens=100 * n), truth.at(100 * n), "encode")
-               for n in (1, 2, 4, 6, 8, 16)]  # fmt: skip
+    samples = [
+        Sample(BatchShape(num_images=n, image_tokens=100 * n), truth.at(100 * n), "encode")
+        for n in (1, 2, 4, 6, 8, 16)
+    ]
     fitted, error = fit_encode(samples)
     assert error < 1e-6
     assert fitted.knee_tokens == 600
-    noisy = [Sample(s.shape, s.seconds * (1.5 if i % 2 else 0.7), "encode")
-             for i, s in enumerate(samples)]  # fmt: skip
+    noisy = [
+        Sample(s.shape, s.seconds * (1.5 if i % 2 else 0.7), "encode")
+        for i, s in enumerate(samples)
+    ]
     rough, _ = fit_encode(noisy)
     assert rough.fixed_s >= 0 and rough.per_token_s >= 0
 

@@ -49,8 +49,9 @@ def _encode_gpus(plan: Plan) -> int:
 def test_text_only_traffic_never_gets_an_encode_pool() -> None:
     trace = make_trace(num=120, rate_rps=20, images_per_request=0, output_tokens=3)
     slo = SLO(ttft_s=0.5, tpot_s=0.05)
-    evaluator, exhaustive, _ = search_plans(trace, toy_cost_model(), slo, 5,
-                                            with_heuristic=False, show_progress=False)  # fmt: skip
+    evaluator, exhaustive, _ = search_plans(
+        trace, toy_cost_model(), slo, 5, with_heuristic=False, show_progress=False
+    )
     plan = plan_from_search(evaluator, exhaustive, None, slo)
     assert plan is not None
     assert Role.E not in plan.pools, plan.describe()
@@ -63,13 +64,13 @@ def test_text_only_traffic_never_gets_an_encode_pool() -> None:
 def test_image_heavy_traffic_under_a_tight_ttft_gets_more_encode_capacity() -> None:
     cost = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=5e-5)
     slo = SLO(ttft_s=0.25, tpot_s=0.05)
-    shape = {"num": 150, "rate_rps": 20, "prompt_tokens": 400, "output_tokens": 3}
-    light = make_trace(images_per_request=1, **shape)  # encode 10 ms, prefill 25 ms
-    heavy = make_trace(images_per_request=4, **shape)  # encode 40 ms, prefill 40 ms
+    light = make_trace(150, 20.0, 400, images_per_request=1, output_tokens=3)  # E 10, P 25 ms
+    heavy = make_trace(150, 20.0, 400, images_per_request=4, output_tokens=3)  # E 40, P 40 ms
     chosen = {}
     for name, trace in (("light", light), ("heavy", heavy)):
-        evaluator, exhaustive, _ = search_plans(trace, cost, slo, 8, methods=[Method.E_P_D],
-                                                with_heuristic=False, show_progress=False)  # fmt: skip
+        evaluator, exhaustive, _ = search_plans(
+            trace, cost, slo, 8, methods=[Method.E_P_D], with_heuristic=False, show_progress=False
+        )
         plan = plan_from_search(evaluator, exhaustive, None, slo)
         assert plan is not None, name
         chosen[name] = plan
@@ -80,7 +81,7 @@ def test_pruned_search_finds_what_brute_force_finds() -> None:
     cost = toy_cost_model(encode_per_image_s=0.015)
     slo = SLO(ttft_s=0.3, tpot_s=0.05)
     trace = make_trace(num=100, rate_rps=20, output_tokens=4, text_only_every=2)
-    evaluator, exhaustive, heuristic = search_plans(trace, cost, slo, 4, show_progress=False)
+    _, exhaustive, heuristic = search_plans(trace, cost, slo, 4, show_progress=False)
     brute = Evaluator(trace, cost, slo)
     goodputs = {}
     for candidate in enumerate_candidates(4):
@@ -98,8 +99,9 @@ def test_pruned_search_finds_what_brute_force_finds() -> None:
 def test_the_chosen_plan_is_a_valid_plan_with_budgets_and_provenance() -> None:
     trace = make_trace(num=80, rate_rps=20, output_tokens=3)
     slo = SLO(ttft_s=0.5, tpot_s=0.05)
-    evaluator, exhaustive, heuristic = search_plans(trace, toy_cost_model(), slo, 3,
-                                                    show_progress=False)  # fmt: skip
+    evaluator, exhaustive, heuristic = search_plans(
+        trace, toy_cost_model(), slo, 3, show_progress=False
+    )
     plan = plan_from_search(evaluator, exhaustive, heuristic, slo, window="last 80 requests")
     assert plan is not None
     assert Plan.model_validate_json(plan.model_dump_json()) == plan
@@ -116,8 +118,9 @@ def test_the_chosen_plan_is_a_valid_plan_with_budgets_and_provenance() -> None:
 def test_a_slo_out_of_reach_yields_no_plan() -> None:
     trace = make_trace(num=20, output_tokens=3)
     slo = SLO(ttft_s=0.001, tpot_s=0.05)  # below any prefill time
-    evaluator, exhaustive, _ = search_plans(trace, toy_cost_model(), slo, 3,
-                                            with_heuristic=False, show_progress=False)  # fmt: skip
+    evaluator, exhaustive, _ = search_plans(
+        trace, toy_cost_model(), slo, 3, with_heuristic=False, show_progress=False
+    )
     assert plan_from_search(evaluator, exhaustive, None, slo) is None
     assert exhaustive.num_simulations == 0  # every bound is 0: nothing to simulate
 

@@ -81,7 +81,8 @@ def test_overload_stops_early_and_counts_as_failing() -> None:
     slo = SLO(ttft_s=1.0, tpot_s=1.0)
     result = simulate(plan, trace, cost, slo, stop_on_failure=True)
     assert result.stopped_early
-    assert summarize(result.results, slo).attainment < 0.9
+    attainment = summarize(result.results, slo).attainment
+    assert attainment is not None and attainment < 0.9
     assert any(r.error and "stopped early" in r.error for r in result.results)
 
 
@@ -100,8 +101,11 @@ def test_an_infeasible_budget_fails_every_request() -> None:
 
 
 def test_given_budgets_are_used() -> None:
-    plan = Plan(method=Method.EPD, pools={Role.EPD: 1},
-                budgets={Role.EPD: Budgets(image_budget=1, token_budget=8)})  # fmt: skip
+    plan = Plan(
+        method=Method.EPD,
+        pools={Role.EPD: 1},
+        budgets={Role.EPD: Budgets(image_budget=1, token_budget=8)},
+    )
     trace = make_trace(num=1, prompt_tokens=20, images_per_request=0)
     [r] = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
     assert r.ttft_s == pytest.approx(3 * 0.005 + 20 * 1e-4)  # three chunks of <= 8 tokens
