@@ -39,9 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from epd_operator.spec import EPDDeployment, ManifestError, fixed_plan
-
     from epd_engine.plan import Plan
+    from epd_operator.spec import EPDDeployment, ManifestError, fixed_plan
 
     try:
         deployment = EPDDeployment.from_yaml(args.file)
