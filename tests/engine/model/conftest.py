@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.loader import load_language, load_vision
 

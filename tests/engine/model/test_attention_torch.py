@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.generate import single_sequence_metadata
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from epd_engine.model.attention import AttentionMetadata
 from epd_engine.model.generate import prompt_embeddings, single_sequence_metadata
 from epd_engine.model.llava import LlavaLanguage
-
 from tests.engine.model.prompts import build_prompt, make_images
 
 BLOCK_SIZE = 4  # small pages: chunks straddle page boundaries

@@ -8,14 +8,15 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import epd_engine.model.loader as loader_module
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import epd_engine.model.loader as loader_module
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.make_model import make_model
 from epd_engine.model.model_config import ModelFormatError
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 

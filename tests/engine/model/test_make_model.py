@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import torch
+from safetensors.torch import load_file
+
 from epd_engine.cli import main
 from epd_engine.model.model_config import LlavaModelConfig
-from safetensors.torch import load_file
 
 
 def test_cli_writes_a_checkpoint_and_refuses_to_overwrite(tmp_path, capsys):

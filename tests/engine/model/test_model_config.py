@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.loader import required_tensors
 from epd_engine.model.make_model import plan_shards, tensor_specs

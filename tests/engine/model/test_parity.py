@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import torch
+
 from epd_engine.model.generate import greedy_generate, prompt_embeddings, single_sequence_metadata
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
-
 from tests.engine.model.prompts import build_prompt, make_images
 
 PROMPTS = {
