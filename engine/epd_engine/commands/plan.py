@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def _plan(args: argparse.Namespace) -> int:
         records, cost, slo, args.gpus,
         methods=_methods(args.methods), with_heuristic=not args.no_heuristic,
         show_progress=not args.no_progress, rel_tolerance=args.tolerance,
+        num_workers=args.workers,
     )  # fmt: skip
     rows = table_rows(exhaustive, args.top)
     print(format_table(rows))
@@ -103,6 +105,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPU budget (one per instance)")
     parser.add_argument("--methods", help="comma-separated subset, e.g. E+P+D,EP+D (default all)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="relative goodput precision")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes checking candidates in parallel (default: up to 2)",
+    )
     parser.add_argument("--no-heuristic", action="store_true", help="skip HydraInfer's heuristic")
     parser.add_argument("--top", type=int, default=20, help="rows of the table to print")
     parser.add_argument("--window", default="", help="label of the trace window (plan.trace)")

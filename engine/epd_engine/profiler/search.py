@@ -12,7 +12,8 @@ A candidate within the tolerance of the best can be missed; that is the price of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,8 @@ from epd_engine.profiler.candidates import (
 )
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.evaluate import Evaluation, Evaluator, prediction
+from epd_engine.profiler.workers import CheckPool
 from epd_engine.trace import TraceRecord, mean_rate_rps, trace_ref
-
-Progress = Callable[[int], Any]  # called with the number of candidates just settled
 
 
 @dataclass
@@ -65,35 +65,59 @@ def exhaustive_search(
     num_gpus: int,
     methods: Sequence[Method] = ALL_METHODS,
     show_progress: bool = True,
+    num_workers: int = 1,
 ) -> SearchResult:
+    """Best-first over all candidates; ``num_workers`` > 1 checks candidates in parallel."""
     started = time.perf_counter()
     candidates = enumerate_candidates(num_gpus, methods)
     bounds = {c: evaluator.bound(c) for c in candidates}
     order = sorted(candidates, key=lambda c: (-bounds[c], c))
     best: Evaluation | None = None
     evaluations: list[Evaluation] = []
+    worker_sims = 0
     tolerance = 1 + evaluator.rel_tolerance
     bar = tqdm(total=len(order), desc=f"plans for {num_gpus} GPUs", disable=not show_progress)
-    for position, candidate in enumerate(order):
-        bound = bounds[candidate]
-        best_rps = best.goodput_rps if best and best.goodput_rps else 0.0
-        if bound <= 0 or (best is not None and bound <= best_rps * tolerance):
-            evaluations += [Evaluation(c, bounds[c]) for c in order[position:]]
-            bar.update(len(order) - position)
-            break
-        if best is None or best_rps <= 0:
-            found = evaluator.searched(candidate, _max_rps(bound), _start_rps(evaluator, bound))
-        else:
-            threshold = best_rps * tolerance
-            if evaluator.reaches(candidate, threshold):
-                found = evaluator.searched(candidate, _max_rps(bound), threshold)
-            else:
-                found = Evaluation(candidate, bound, below_rps=threshold, status="below")
+
+    def best_rps() -> float:
+        return best.goodput_rps if best is not None and best.goodput_rps else 0.0
+
+    def settle(found: Evaluation) -> None:
+        nonlocal best
         evaluations.append(found)
-        if found.goodput_rps is not None and (best is None or found.goodput_rps > best_rps):
+        if found.goodput_rps is not None and found.goodput_rps > best_rps():
             best = found
         bar.update(1)
-        bar.set_postfix(best=f"{best_rps:.3g} rps", sims=evaluator.num_simulations)
+        bar.set_postfix(best=f"{best_rps():.3g} rps", sims=evaluator.num_simulations + worker_sims)
+
+    position = 0
+    # The first live candidate is searched from scratch (no threshold to test against yet).
+    while position < len(order) and best is None:
+        candidate = order[position]
+        bound = bounds[candidate]
+        if bound <= 0:
+            break
+        settle(evaluator.searched(candidate, _max_rps(bound), _start_rps(evaluator, bound)))
+        position += 1
+    with CheckPool(evaluator, num_workers) as pool:
+        in_flight: list[Future[tuple[Evaluation, int]]] = []
+        while True:
+            while position < len(order) and len(in_flight) < pool.capacity:
+                candidate = order[position]
+                bound = bounds[candidate]
+                if bound <= 0 or bound <= best_rps() * tolerance:
+                    break  # sorted by bound: no later candidate can win either
+                in_flight.append(pool.submit(candidate, best_rps() * tolerance, _max_rps(bound)))
+                position += 1
+            if not in_flight:
+                break
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                in_flight.remove(future)
+                found, num_sims = future.result()
+                worker_sims += num_sims if pool.capacity > 1 else 0
+                settle(found)
+    evaluations += [Evaluation(c, bounds[c]) for c in order[position:]]
+    bar.update(len(order) - position)
     bar.close()
     pruned = sum(e.status == "pruned" for e in evaluations)
     result = SearchResult(
@@ -102,7 +126,7 @@ def exhaustive_search(
         evaluations,
         len(candidates),
         pruned,
-        evaluator.num_simulations,
+        evaluator.num_simulations + worker_sims,
         time.perf_counter() - started,
     )
     result.evaluations = result.ranked(include_pruned=True)
@@ -238,8 +262,9 @@ def search_plans(
     with_heuristic: bool = True,
     show_progress: bool = True,
     rel_tolerance: float = 0.05,
+    num_workers: int = 1,
 ) -> tuple[Evaluator, SearchResult, SearchResult | None]:
     evaluator = Evaluator(records, cost, slo, rel_tolerance)
-    exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress)
+    exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress, num_workers)
     heuristic = heuristic_search(evaluator, num_gpus, show_progress) if with_heuristic else None
     return evaluator, exhaustive, heuristic

@@ -135,3 +135,17 @@ def test_bound_is_never_below_the_simulated_goodput(method: Method) -> None:
     bound = evaluator.bound(candidate)
     found = evaluator.searched(candidate, bound, bound / 4)
     assert (found.goodput_rps or 0.0) <= bound + 1e-9
+
+
+def test_parallel_workers_find_the_same_best_plan() -> None:
+    cost = toy_cost_model(encode_per_image_s=0.015)
+    slo = SLO(ttft_s=0.3, tpot_s=0.05)
+    trace = make_trace(num=100, rate_rps=20, output_tokens=4, text_only_every=2)
+    _, serial, _ = search_plans(trace, cost, slo, 5, with_heuristic=False, show_progress=False)
+    _, parallel, _ = search_plans(
+        trace, cost, slo, 5, with_heuristic=False, show_progress=False, num_workers=2
+    )
+    assert serial.best is not None and parallel.best is not None
+    assert parallel.best.goodput_rps == pytest.approx(serial.best.goodput_rps, rel=0.05)
+    assert parallel.num_candidates == serial.num_candidates
+    assert len(parallel.evaluations) == parallel.num_candidates
