@@ -69,6 +69,7 @@ class Dispatcher:
                 "emitted_text": request.text,
             }
             request.holder = target.instance_id
+            request.instances.append(target.instance_id)
             try:
                 response = await self.http.post(
                     f"{target.url}/internal/requests",

@@ -27,6 +27,7 @@ class InflightRequest:
     attempt: int = 0
     holder: str | None = None  # instance id that has it now
     path: list[str] = field(default_factory=list)
+    instances: list[str] = field(default_factory=list)  # instance ids visited, in order
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     token_times_s: list[float] = field(default_factory=list)
@@ -65,6 +66,8 @@ class InflightRequest:
 
     def _note_location(self, event: dict[str, Any]) -> None:
         self.holder = event.get("instance_id", self.holder)
+        if self.holder and (not self.instances or self.instances[-1] != self.holder):
+            self.instances.append(self.holder)
         pool = event.get("pool")
         if pool and (not self.path or self.path[-1] != pool):
             self.path.append(pool)

@@ -102,6 +102,7 @@ async def inflight(request: Request) -> dict[str, object]:
                 "id": r.router_request_id,
                 "holder": r.holder,
                 "path": r.path,
+                "instances": r.instances,
                 "attempt": r.attempt,
                 "num_output_tokens": len(r.token_ids),
             }
