@@ -63,3 +63,32 @@ bench-engine: venv model ## Engine throughput on the tiny model vs transformers 
 	$(EPDCTL) bench-engine --model $(MODEL_DIR) --out benchmarks/results/engine-cpu.json
 
 .PHONY: help venv lock model serve serve-single test lint fmt crds cluster-bins cluster-up cluster-down bench-engine
+
+# --- Kubernetes (operator, chart, end-to-end) ----------------------------------------------
+KIND_CLUSTER ?= epd
+IMAGE_TAG ?= dev
+HELM ?= $(if $(wildcard .build/bin/helm),.build/bin/helm,helm)
+
+k8s-test: venv cluster-bins ## End-to-end operator tests against the local control plane (must not skip)
+	EPD_REQUIRE_K8S=1 $(PY) -m pytest tests/k8s $(PYTEST_ARGS)
+
+helm-lint: cluster-bins ## helm lint --strict the operator chart
+	.build/bin/helm lint --strict charts/epd-operator
+
+images: ## Build the engine and operator images with Docker (tag $(IMAGE_TAG))
+	docker build -f docker/engine.Dockerfile -t epd-engine:$(IMAGE_TAG) .
+	docker build -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .
+
+kind-up: images ## Docker users: kind cluster + images + helm install + the tiny CPU example
+	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
+	kind load docker-image --name $(KIND_CLUSTER) epd-engine:$(IMAGE_TAG) epd-operator:$(IMAGE_TAG)
+	$(HELM) upgrade --install epd-operator charts/epd-operator -n epd-system --create-namespace \
+		--set image.tag=$(IMAGE_TAG) --set image.pullPolicy=Never --wait
+	kubectl apply -f examples/k8s/epd-tiny-cpu.yaml
+	kubectl wait --for=condition=Ready epd/tiny --timeout=15m
+	@echo "Router: kubectl port-forward svc/tiny-router 8080:8080, then http://127.0.0.1:8080/v1"
+
+kind-down: ## Delete the kind cluster
+	kind delete cluster --name $(KIND_CLUSTER)
+
+.PHONY: k8s-test helm-lint images kind-up kind-down

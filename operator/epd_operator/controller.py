@@ -118,12 +118,12 @@ def reconcile(
     plan_status = status.plan
     if plan_status is None or not same_plan(plan_status.to_plan(), plan):
         revision = plan_status.revision + 1 if plan_status else 1
-        before = plan_status.summary if plan_status else "none"
+        before = plan_status.to_plan().describe() if plan_status else "none"
         plan_status = PlanStatus.from_plan(plan, revision)
         post_event(
             "Normal",
             "PlanChanged",
-            f"Plan {before} -> {plan_status.summary} (revision {revision}): {plan.reason}",
+            f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
         )
         last_planned = now
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from epd_operator import spec as s
 
@@ -76,9 +77,27 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def model_schema(model: type[s._Model]) -> dict[str, Any]:
+def _object_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Spell out defaults of nested objects: the API server validates a default as given
+    (``{}`` would fail the CEL rules that read defaulted fields), so ``{}`` becomes the
+    sub-model's defaults."""
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        sub = schema.get("properties", {}).get(alias)
+        annotation = info.annotation
+        if sub is None or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            continue
+        if info.default_factory is not None:
+            value = info.default_factory()  # type: ignore[call-arg]
+            sub["default"] = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        _object_defaults(annotation, sub)
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _structural(raw, raw.get("$defs", {}))
+    schema = _structural(raw, raw.get("$defs", {}))
+    _object_defaults(model, schema)
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from epd_engine.config import Role
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from epd_engine.config import Role
 from epd_operator.loop import ObservedPool
 from epd_operator.resources import (
     ANNOTATION_HASH,

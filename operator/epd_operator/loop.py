@@ -24,7 +24,6 @@ from typing import Literal
 
 from epd_engine.config import Role
 from epd_engine.plan import Plan
-
 from epd_operator.resources import PoolSpec
 from epd_operator.spec import EPDDeploymentSpec, PlanStatus, PoolStatus, fixed_plan
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from epd_engine.config import Role
 from epd_engine.plan import Plan
-
 from epd_operator.spec import API_VERSION, KIND, EPDDeploymentSpec
 
 ENGINE_PORT = 8000

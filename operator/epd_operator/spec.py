@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from epd_engine.config import SLO, Method, Role
+from epd_engine.plan import Plan
 
 GROUP = "epd.serving.dev"
 VERSION = "v1alpha1"
@@ -28,10 +29,11 @@ SHORT_NAME = "epd"
 
 # CEL cannot sum a map, so pools is an object with one optional field per role.
 _ROLE_SUM = " + ".join(f"(has(self.pools.{r.value}) ? self.pools.{r.value} : 0)" for r in Role)
-_METHOD_ROLES = (
-    "{"
-    + ", ".join(f"'{m.value}': [{', '.join(repr(r.value) for r in m.roles)}]" for m in Method)
-    + "}"
+_POOLS_MATCH_METHOD = " || ".join(
+    f"(self.method == '{m.value}' && "
+    + " && ".join(("" if r in m.roles else "!") + f"has(self.pools.{r.value})" for r in Role)
+    + ")"
+    for m in Method
 )
 
 
@@ -163,9 +165,7 @@ class DisaggregationSpec(_Model):
                     ".pools",
                 ),
                 _cel(
-                    f"!has(self.method) || !has(self.pools) || "
-                    f"({_METHOD_ROLES}[self.method].all(r, r in self.pools) && "
-                    f"self.pools.all(r, r in {_METHOD_ROLES}[self.method]))",
+                    f"!has(self.method) || !has(self.pools) || {_POOLS_MATCH_METHOD}",
                     "pools must set exactly the roles of the method (E+P+D: E, P and D)",
                     ".pools",
                 ),
@@ -323,7 +323,7 @@ class Condition(_Model):
 class PlanStatus(_Model):
     method: Method
     pools: PoolCounts
-    summary: str = Field(default="", description="Compact form, e.g. `E+P+D 1E2P1D`.")
+    summary: str = Field(default="", description="Instances per role, e.g. `1E2P1D`.")
     reason: str = ""
     predicted_goodput_rps: str = Field(
         default="", description="Decimal string (no floats in the API)."
@@ -336,7 +336,7 @@ class PlanStatus(_Model):
         return cls(
             method=plan.method,
             pools=PoolCounts.from_dict(dict(plan.pools)),
-            summary=plan.describe(),
+            summary=plan.describe().split(" ", 1)[1],
             reason=plan.reason,
             predicted_goodput_rps=goodput,
             revision=revision,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from epd_operator.resources import Owner
 from epd_operator.spec import EPDDeploymentSpec
 

@@ -19,7 +19,6 @@ from epd_operator.loop import (
     workload_shift_percent,
 )
 from epd_operator.spec import EPDDeploymentSpec, PlanStatus
-
 from tests.operator.conftest import make_owner, make_spec_dict
 
 OLD = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})

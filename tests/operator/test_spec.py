@@ -3,9 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from epd_engine.config import Method, Role
 from epd_operator.spec import EPDDeployment, EPDDeploymentSpec, ManifestError, fixed_plan
-
 from tests.operator.conftest import make_spec_dict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "k8s"

@@ -52,9 +52,7 @@ build_module "$here/helm" helm helm=helm.sh/helm/v3/cmd/helm
 if [[ ! -s "$bin/kwok.yaml" || "$bin/.kwok.stamp" -nt "$bin/kwok.yaml" ]]; then
   kwok_src="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
   {
-    printf 'apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n'
-    printf '  nodeLeaseDurationSeconds: 40\n'
-    for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+    for f in node/fast/node-initialize node/heartbeat/node-heartbeat \
       pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
       echo "---"
       cat "$kwok_src/kustomize/stage/$f.yaml"

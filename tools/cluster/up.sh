@@ -120,8 +120,6 @@ launch kwok "$bin/kwok" --kubeconfig "$kubeconfig" --config "$bin/kwok.yaml" \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
   --manage-nodes-with-label-selector "" \
-  --disregard-status-with-annotation-selector kwok.x-k8s.io/status=custom \
-  --disregard-status-with-label-selector "" \
   --cidr 10.0.1.0/24 --node-ip 10.0.2.1
 
 "$here/nodes.sh" | "${kubectl[@]}" apply -f - >/dev/null

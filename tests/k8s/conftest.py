@@ -1,0 +1,195 @@
+"""Fixtures for the end-to-end tests against the local control plane (tools/cluster/).
+
+The session starts etcd + kube-apiserver + controller-manager + scheduler + kwok with
+``tools/cluster/up.sh`` (or reuses one already up) and stops it afterwards if it started it.
+Without the binaries (``make cluster-bins``) the tests skip with the reason, unless
+``EPD_REQUIRE_K8S=1`` (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("EPD_CLUSTER_BIN", ROOT / ".build" / "bin"))
+CLUSTER_DIR = Path(os.environ.get("EPD_CLUSTER_DIR", ROOT / ".build" / "cluster"))
+LOG_DIR = ROOT / ".build" / "test-logs"
+RELEASE = "epd-operator"
+RELEASE_NAMESPACE = "epd-system"
+REQUIRED = os.environ.get("EPD_REQUIRE_K8S") == "1"
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kubectl",
+    "helm",
+)
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"EPD_REQUIRE_K8S=1 but the control plane is unavailable: {reason}")
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: Path
+
+    def run(
+        self, tool: str, *args: str, check: bool = True, timeout_s: float = 120
+    ) -> subprocess.CompletedProcess:
+        cmd = [str(BIN / tool), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    def kubectl(
+        self, *args: str, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess:
+        cmd = [str(BIN / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, input=stdin)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def get(self, *args: str) -> Any:
+        """``kubectl get ... -o json`` parsed; None when not found."""
+        proc = self.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=True)
+        return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def wait_until(
+    what: str, predicate: Callable[[], Any], timeout_s: float = 60, every_s: float = 0.25
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last value: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    missing = [b for b in BINARIES if not (BIN / b).is_file()]
+    if missing:
+        _unavailable(
+            f"control-plane binaries not built ({', '.join(missing)}); run `make cluster-bins`"
+        )
+    kubeconfig = CLUSTER_DIR / "kubeconfig"
+    up = subprocess.run(
+        [str(ROOT / "tools" / "cluster" / "up.sh")], capture_output=True, text=True, timeout=300
+    )
+    if up.returncode != 0:
+        _unavailable(f"tools/cluster/up.sh failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
+    started_here = "already up" not in up.stdout
+    try:
+        yield Cluster(kubeconfig)
+    finally:
+        if started_here and os.environ.get("EPD_KEEP_CLUSTER") != "1":
+            subprocess.run([str(ROOT / "tools" / "cluster" / "down.sh")], check=False, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def chart(cluster: Cluster) -> Iterator[str]:
+    """``helm install`` the chart (CRD, RBAC, operator Deployment); returns the ServiceAccount."""
+    cluster.run("helm", "uninstall", RELEASE, "-n", RELEASE_NAMESPACE, "--wait", check=False)
+    cluster.run(
+        "helm", "install", RELEASE, str(ROOT / "charts" / "epd-operator"),
+        "-n", RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s",
+        "--set", "operator.resyncSeconds=1",
+        timeout_s=180,
+    )  # fmt: skip
+    cluster.kubectl(
+        "wait", "--for", "condition=Established", "--timeout", "60s",
+        "crd/epddeployments.epd.serving.dev",
+    )  # fmt: skip
+    yield RELEASE  # fullname == release name, so the ServiceAccount is called that too
+    cluster.run("helm", "uninstall", RELEASE, "-n", RELEASE_NAMESPACE, check=False)
+
+
+def _service_account_kubeconfig(cluster: Cluster, sa: str) -> Path:
+    """A kubeconfig holding a token of the chart's ServiceAccount: the operator runs with
+    exactly the chart's RBAC, as it would in its pod."""
+    token = cluster.kubectl(
+        "create", "token", sa, "-n", RELEASE_NAMESPACE, "--duration", "2h"
+    ).stdout.strip()
+    admin = cluster.kubectl("config", "view", "--raw", "-o", "json")
+    server = json.loads(admin.stdout)["clusters"][0]["cluster"]
+    path = CLUSTER_DIR / "operator.kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": server}],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "operator"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, chart: str) -> Iterator[subprocess.Popen]:
+    """The operator as a local ``kopf run`` process with the chart's ServiceAccount token."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    kubeconfig = _service_account_kubeconfig(cluster, chart)
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "EPD_OPERATOR_RESYNC_S": "1",
+        "EPD_OPERATOR_ROUTER_TIMEOUT_S": "0.5",
+    }
+    log = (LOG_DIR / "operator.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kopf", "run", "-m", "epd_operator.handlers",
+         "--all-namespaces", "--standalone", "--verbose"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )  # fmt: skip
+    time.sleep(2)
+    if proc.poll() is not None:
+        raise AssertionError(
+            f"operator exited at start:\n{(LOG_DIR / 'operator.log').read_text()[-4000:]}"
+        )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true")
+    cluster.kubectl("create", "namespace", name)
+    wait_until(
+        "default ServiceAccount", lambda: cluster.get("serviceaccount", "default", "-n", name)
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

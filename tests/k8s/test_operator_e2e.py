@@ -1,0 +1,247 @@
+"""End to end against a real API server: helm install, apply, roll out, reject, degrade, delete.
+
+Pods land on kwok's fake GPU nodes and become Running/Ready without containers, so the router
+cannot be reached: drains end by the (short) drain timeout, which status says.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.k8s.conftest import ROOT, Cluster, wait_until
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.usefixtures("operator")]
+
+EXAMPLE = ROOT / "examples" / "k8s" / "epd-fixed-e-p-d.yaml"
+NAME = "llava"
+
+
+def condition(obj: dict | None, ctype: str) -> dict[str, Any]:
+    for c in ((obj or {}).get("status") or {}).get("conditions", []):
+        if c["type"] == ctype:
+            return c
+    return {}
+
+
+def epd(cluster: Cluster, ns: str, name: str = NAME) -> dict | None:
+    return cluster.get("epddeployment", name, "-n", ns)
+
+
+def engine_deployments(cluster: Cluster, ns: str) -> dict[str, dict]:
+    items = cluster.get("deployments", "-n", ns, "-l", "app.kubernetes.io/component=engine")[
+        "items"
+    ]
+    return {d["metadata"]["name"]: d for d in items if not d["metadata"].get("deletionTimestamp")}
+
+
+def models_volume(cluster: Cluster, ns: str) -> None:
+    """The example reads weights from PVC `models`: back it with a hostPath PV."""
+    docs = [
+        {"apiVersion": "v1", "kind": "PersistentVolume",
+         "metadata": {"name": f"models-{ns}"},
+         "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadOnlyMany"],
+                  "storageClassName": "manual", "hostPath": {"path": "/mnt/models"},
+                  "claimRef": {"namespace": ns, "name": "models"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": "models", "namespace": ns},
+         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "manual",
+                  "resources": {"requests": {"storage": "100Gi"}}}},
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def wait_ready(cluster: Cluster, ns: str, timeout_s: float = 90) -> dict:
+    def ready() -> dict | None:
+        obj = epd(cluster, ns)
+        done = (
+            condition(obj, "Ready").get("status") == "True"
+            and condition(obj, "Progressing").get("status") == "False"
+            and condition(obj, "Ready").get("observedGeneration")
+            == (obj or {})["metadata"]["generation"]
+        )
+        return obj if done else None
+
+    return wait_until("EPDDeployment Ready and not Progressing", ready, timeout_s)
+
+
+def test_crd_is_established_with_short_name_and_columns(cluster: Cluster) -> None:
+    crd = cluster.get("crd", "epddeployments.epd.serving.dev")
+    assert crd["spec"]["names"]["shortNames"] == ["epd"]
+    assert condition(crd, "Established")["status"] == "True"
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["Method", "Pools", "Ready", "Goodput", "Age"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "words"),
+    [
+        (lambda s: s.update(gpuBudget=-2), "spec.gpuBudget", "greater than or equal to 1"),
+        (lambda s: s["disaggregation"].update(method="E+X"), "spec.disaggregation.method",
+         'Unsupported value: "E+X"'),
+        (lambda s: s.pop("model"), "spec.model", "Required value"),
+        (lambda s: s["disaggregation"].update(pools={"E": 4, "P": 4, "D": 4}), "spec.gpuBudget",
+         "more GPUs"),
+        (lambda s: s["disaggregation"].update(method="EP+D"), "spec.disaggregation.pools",
+         "exactly the roles of the method"),
+    ],
+    ids=["negative-budget", "unknown-method", "missing-model", "over-budget", "pools-vs-method"],
+)  # fmt: skip
+def test_invalid_manifests_are_rejected_naming_the_field(
+    cluster: Cluster, namespace: str, mutate: Any, field: str, words: str
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    mutate(doc["spec"])
+    proc = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc), check=False
+    )
+    assert proc.returncode != 0, proc.stdout
+    assert field in proc.stderr and words in proc.stderr, proc.stderr
+    assert epd(cluster, namespace) is None
+
+
+def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: str) -> None:
+    ns = namespace
+    models_volume(cluster, ns)
+    cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+
+    # --- E+P+D 1E2P1D: pools, GPU requests, pods Running on GPU nodes, Ready ----------------
+    obj = wait_ready(cluster, ns)
+    status = obj["status"]
+    assert (status["plan"]["method"], status["plan"]["summary"]) == ("E+P+D", "1E2P1D")
+    assert status["readyPools"] == "3/3"
+    deps = engine_deployments(cluster, ns)
+    by_role = {d["metadata"]["labels"]["epd.serving.dev/role"]: d for d in deps.values()}
+    assert {r: d["spec"]["replicas"] for r, d in by_role.items()} == {"E": 1, "P": 2, "D": 1}
+    for dep in deps.values():
+        limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "1"
+        assert dep["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    pods = cluster.get("pods", "-n", ns, "-l", "app.kubernetes.io/component=engine")["items"]
+    assert len(pods) == 4
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        node = cluster.get("node", pod["spec"]["nodeName"])
+        assert int(node["status"]["capacity"]["nvidia.com/gpu"]) >= 1
+    assert set(status["activePools"]) == set(deps)
+    children = [
+        ("service", f"{NAME}-router"),
+        ("configmap", f"{NAME}-config"),
+        ("secret", f"{NAME}-internal-token"),
+        ("deployment", f"{NAME}-router"),
+    ]
+    for kind, name in children:
+        assert cluster.get(kind, name, "-n", ns) is not None, (kind, name)
+    printed = cluster.kubectl("get", "epd", "-n", ns).stdout
+    assert "E+P+D" in printed and "1E2P1D" in printed and "True" in printed
+
+    # --- change to EP+D 2EP2D: observe the order of states ----------------------------------
+    old_pools = set(deps)
+    pools = {"E": None, "P": None, "EP": 2, "D": 2}  # merge patch: None removes E and P
+    patch = {
+        "spec": {
+            "disaggregation": {"method": "EP+D", "pools": pools},
+            "rollout": {"drainTimeoutSeconds": 3},
+        }
+    }
+    cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "merge", "-p", json.dumps(patch))
+    snapshots: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        obj = epd(cluster, ns)
+        deps = engine_deployments(cluster, ns)
+        snapshots.append(
+            {
+                "pools": {
+                    n: (d.get("status") or {}).get("readyReplicas", 0) >= d["spec"]["replicas"]
+                    for n, d in deps.items()
+                },
+                "active": set(obj["status"].get("activePools", [])),
+                "progressing": condition(obj, "Progressing").get("reason"),
+                "generation_seen": condition(obj, "Ready").get("observedGeneration"),
+                "generation": obj["metadata"]["generation"],
+            }
+        )
+        last = snapshots[-1]
+        if (
+            last["generation_seen"] == last["generation"]
+            and last["progressing"] == "RolloutComplete"
+            and set(last["pools"]).isdisjoint(old_pools)
+        ):
+            break
+        time.sleep(0.2)
+    final = snapshots[-1]
+    new_pools = set(final["pools"])
+    assert final["progressing"] == "RolloutComplete", snapshots[-5:]
+    assert new_pools and new_pools.isdisjoint(old_pools)
+    assert final["active"] == new_pools
+
+    # 1) the router only ever routes to a complete plan whose pools exist and are Ready
+    for snap in snapshots:
+        assert snap["active"] in (old_pools, new_pools), snap
+        assert all(snap["pools"].get(p) for p in snap["active"]), snap
+    # 2) new pools existed (all Ready) next to the old ones before the switch
+    switch = next(i for i, s in enumerate(snapshots) if s["active"] == new_pools)
+    assert any(new_pools <= set(s["pools"]) and old_pools <= set(s["pools"])
+               for s in snapshots[: switch + 1]), snapshots[: switch + 1]  # fmt: skip
+    # 3) old pools were deleted only after the switch, after a Draining phase
+    first_gone = next(i for i, s in enumerate(snapshots) if not old_pools <= set(s["pools"]))
+    assert first_gone >= switch
+    assert "Draining" in [s["progressing"] for s in snapshots[switch:]]
+    obj = wait_ready(cluster, ns)
+    assert (obj["status"]["plan"]["method"], obj["status"]["plan"]["summary"]) == ("EP+D", "2EP2D")
+    assert obj["status"]["plan"]["revision"] == 2
+    reasons = {
+        e["reason"]
+        for e in cluster.get("events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}")[
+            "items"
+        ]
+    }
+    assert {"PlanChanged", "Switched", "DrainTimeout"} <= reasons, reasons
+
+    # --- delete: every child is garbage-collected -----------------------------------------------
+    cluster.kubectl("delete", "epd", NAME, "-n", ns, "--wait=true", "--timeout=60s")
+
+    def children_left() -> list[str]:
+        left = []
+        for kind in ("deployments", "replicasets", "pods", "services", "configmaps", "secrets"):
+            items = cluster.get(kind, "-n", ns, "-l", "app.kubernetes.io/managed-by=epd-operator")[
+                "items"
+            ]
+            left += [f"{kind}/{i['metadata']['name']}" for i in items]
+        return left
+
+    wait_until("garbage collection of every child", lambda: not children_left() or None, 90)
+
+
+def test_more_gpus_than_the_nodes_have_is_degraded(
+    cluster: Cluster, namespace: str, operator: Any
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = "huge"
+    doc["spec"]["model"]["source"] = {"preset": "tiny-llava"}
+    doc["spec"]["gpuBudget"] = 32
+    doc["spec"]["engine"]["gpusPerInstance"] = 16  # the biggest node has 8
+    doc["spec"]["disaggregation"] = {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 2}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
+
+    def degraded() -> dict | None:
+        c = condition(epd(cluster, namespace, "huge"), "Degraded")
+        return c if c.get("status") == "True" else None
+
+    c = wait_until("Degraded condition", degraded, 60)
+    assert c["reason"] == "InsufficientGPUs"
+    assert "Insufficient nvidia.com/gpu" in c["message"]
+    obj = epd(cluster, namespace, "huge")
+    assert condition(obj, "Ready")["status"] == "False"
+    assert operator.poll() is None, "the operator must keep running"
+    cluster.kubectl("delete", "epd", "huge", "-n", namespace, "--wait=true", "--timeout=60s")
+
+
+def test_operator_log_has_no_tracebacks(operator: Any) -> None:
+    log = (ROOT / ".build" / "test-logs" / "operator.log").read_text()
+    assert "Traceback" not in log, log[-4000:]
