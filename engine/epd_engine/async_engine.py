@@ -68,6 +68,7 @@ class AsyncEngine:
         self._on_step = on_step
         self.on_handoff: Callable[[Request, Stream], None] | None = None
         self.on_pull: Callable[[PullTask], None] | None = None
+        self.on_evicted: Callable[[Stream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.streams: dict[str, Stream] = {}
         self._stopping = threading.Event()
@@ -179,6 +180,8 @@ class AsyncEngine:
                     stream.pending_timings.append(timing)
             for event in events:
                 self._deliver(event.request_id, event.new_token_id, event.finish_reason)
+            for request_id in stats.evicted_ids:
+                self._evicted(request_id)
             for request in self.engine.take_handoffs():
                 stream = self.streams.pop(request.request_id, None)
                 if stream is not None and self.on_handoff is not None:
@@ -189,6 +192,18 @@ class AsyncEngine:
             for task in stats.pulls:
                 if self.on_pull is not None:
                     self.on_pull(task)
+
+    def _evicted(self, request_id: str) -> None:
+        """Out of pages where it cannot be recomputed: re-route it, or fail it clearly."""
+        stream = self.streams.get(request_id)
+        if stream is None:
+            return
+        if stream.routing is not None and self.on_evicted is not None:
+            self.streams.pop(request_id, None)
+            self.engine.abort(request_id)
+            stream.loop.call_soon_threadsafe(self.on_evicted, stream)
+        else:
+            self.fail(request_id, "out of KV cache pages on a decode-only instance")
 
     def _deliver(self, request_id: str, token_id: int | None, finish_reason: str | None) -> None:
         stream = self.streams.get(request_id)

@@ -52,6 +52,7 @@ class StepStats:
     queue_waits: list[tuple[Stage, float]] = field(default_factory=list)
     stage_timings: list[StageTiming] = field(default_factory=list)
     pulls: list[PullTask] = field(default_factory=list)
+    evicted_ids: list[str] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -178,6 +179,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
         stats.pulls = out.pulls
+        stats.evicted_ids = out.evicted_ids
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
         sampled = self.runner.execute(out, pixels, self._params)

@@ -115,6 +115,9 @@ async def _sse(
         body = ChatCompletionChunk(
             id=inflight.router_request_id, model=model, choices=choices, usage=usage
         )
+        if finish is not None:
+            body.epd_path = list(inflight.path)
+            body.epd_stage_s = dict(inflight.stage_s)
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
     yield event(Delta(role="assistant", content=""))

@@ -67,7 +67,8 @@ class SchedulerOutput:
     encodes: list[EncodeTask] = field(default_factory=list)
     prefills: list[TokenTask] = field(default_factory=list)
     decodes: list[TokenTask] = field(default_factory=list)
-    preempted_ids: list[str] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)  # will be recomputed here
+    evicted_ids: list[str] = field(default_factory=list)  # cannot continue here
     pulls: list[PullTask] = field(default_factory=list)
 
     @property

@@ -339,9 +339,10 @@ class Scheduler:
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Free everything and recompute later; generated tokens are kept."""
         if not self.role.runs(Stage.PREFILL):
-            # A decode-only instance cannot recompute: fail clearly rather than hang.
+            # A decode-only instance cannot recompute: evict; the engine re-routes it
+            # through the router (or fails it clearly), never leaves it hanging.
             self._finish(request, RequestStatus.FINISHED_ERROR)
-            out.preempted_ids.append(request.request_id)
+            out.evicted_ids.append(request.request_id)
             return
         self.running.remove(request)
         self._release_pages(request)

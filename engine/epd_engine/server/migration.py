@@ -58,6 +58,7 @@ class MigrationManager:
         self._tasks: set[asyncio.Task[None]] = set()
         engine.on_handoff = self.on_handoff
         engine.on_pull = self.on_pull
+        engine.on_evicted = self.on_evicted
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -188,6 +189,11 @@ class MigrationManager:
                           len(offer.output_token_ids)),
             routing,
         )  # fmt: skip
+
+    def on_evicted(self, stream: Stream) -> None:
+        """This decode-only instance ran out of pages for it: send it down a fresh path."""
+        assert stream.routing is not None
+        self._spawn(self.link.retry(stream.routing, "evicted: out of KV cache pages"))
 
     def on_pull(self, task: PullTask) -> None:
         """Engine thread: a PullTask was scheduled; do the I/O on the event loop."""

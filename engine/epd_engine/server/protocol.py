@@ -117,3 +117,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    # extensions on the router's final chunk: where the request went and how long each
+    # stage took (seconds), so `epdctl bench` can plot a real per-stage breakdown
+    epd_path: list[str] | None = None
+    epd_stage_s: dict[str, float] | None = None

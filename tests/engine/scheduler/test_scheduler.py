@@ -150,3 +150,28 @@ def test_abort_frees_pages() -> None:
     assert r.status is RequestStatus.FINISHED_ABORTED
     assert s.kv is not None and s.kv.pool.num_used == 0
     assert not s.has_work()
+
+
+def test_decode_only_instance_out_of_pages_evicts_instead_of_hanging() -> None:
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.D, num_kv_blocks=4, block_size=4)
+    requests = []
+    for _ in range(2):  # two migrated-in requests: 4 prompt tokens + 1 output = 2 pages each
+        r = make_request(num_prompt_tokens=4, max_tokens=20)
+        r.num_computed_tokens = 4
+        r.output_token_ids = [7]
+        r.pull = PullSpec(CacheKind.KV, "http://source", "p-0")
+        s.add(r)
+        requests.append(r)
+    out, _ = run_step(s)
+    assert len(out.pulls) == 2
+    for r in requests:
+        s.pull_done(r.request_id)
+    evicted: list[str] = []
+    for _ in range(10):
+        out, _ = run_step(s)
+        evicted += out.evicted_ids
+    assert evicted == [requests[1].request_id]
+    assert requests[1].status is RequestStatus.FINISHED_ERROR
+    assert len(requests[0].output_token_ids) > 5
