@@ -15,3 +15,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = tmp_path_factory.mktemp("tiny-llava")
     make_model("tiny-llava", model_dir, seed=0, dtype="float32", show_progress=False)
     return model_dir
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests skip with a reason where no CUDA device exists (never pass silently)."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
