@@ -80,7 +80,8 @@ def parse_pools(text: str) -> Any:
     roles = set(pools)
     method = next((m for m in Method if set(m.roles) == roles), None)
     if method is None:
-        raise UserError(f"--pools {text!r}: roles {sorted(roles)} do not form a method")
+        names = ", ".join(sorted(r.value for r in roles))
+        raise UserError(f"--pools {text!r}: roles {names} do not form a method")
     try:
         return Plan(method=method, pools=pools)
     except ValueError as exc:

@@ -3,18 +3,24 @@
 Each sample is a ``BatchShape`` and the iteration time measured for it. Coefficients are
 non-negative (a cost never shrinks as a batch grows): features that would come out negative
 are dropped and the rest refitted. Knees are chosen from a grid by least relative error.
+On a shared host a measurement can only come out *slower* than the hardware (another
+process took the CPU), so ``robust`` drops samples over ``OUTLIER_RATIO`` x the fit and refits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from epd_engine.profiler.cost_model import BatchShape, EncodeCoeffs, LanguageCoeffs
 
+_C = TypeVar("_C", EncodeCoeffs, LanguageCoeffs)
+
 KNEE_GRID_TOKENS = (0, 8, 16, 32, 64, 128, 256, 512, 1024)
+OUTLIER_RATIO = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,26 @@ def fit_overlap(samples: Sequence[Sample], encode: EncodeCoeffs, language: Langu
         if min(e, lm) > 0:
             shares.append((e + lm - s.seconds) / min(e, lm))
     return float(np.clip(np.median(shares), 0.0, 1.0)) if shares else 0.0
+
+
+def robust(
+    fit: Callable[[Sequence[Sample]], tuple[_C, float]],
+    predict: Callable[[_C, BatchShape], float],
+    samples: Sequence[Sample],
+    rounds: int = 3,
+) -> tuple[_C, float, int]:
+    """(coefficients, mean relative error on the kept samples, number dropped as too slow)."""
+    kept = list(samples)
+    coeffs, error = fit(kept)
+    for _ in range(rounds):
+        ratio = {id(s): s.seconds / max(predict(coeffs, s.shape), 1e-12) for s in kept}
+        slow = sorted(
+            (s for s in kept if ratio[id(s)] > OUTLIER_RATIO), key=lambda s: -ratio[id(s)]
+        )
+        slow = slow[: max(0, min(len(kept) // 4, len(kept) - 3))]  # never drop most of them
+        if not slow:
+            break
+        dropped = {id(s) for s in slow}
+        kept = [s for s in kept if id(s) not in dropped]
+        coeffs, error = fit(kept)
+    return coeffs, error, len(samples) - len(kept)

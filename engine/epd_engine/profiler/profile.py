@@ -30,7 +30,7 @@ from epd_engine.profiler.cost_model import (
     FittedCostModel,
     MigrationCoeffs,
 )
-from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap
+from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 
@@ -251,8 +251,14 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
     """Measure on this machine and fit. Returns the model and the raw samples."""
     probe = RunnerProbe(config)
     samples = measure_samples(probe)
-    encode, encode_err = fit_encode([s for s in samples if s.kind == "encode"])
-    language, language_err = fit_language([s for s in samples if s.kind == "language"])
+    encode, encode_err, encode_dropped = robust(
+        fit_encode, lambda c, s: c.at(s.image_tokens), [s for s in samples if s.kind == "encode"]
+    )
+    language, language_err, language_dropped = robust(
+        fit_language,
+        lambda c, s: c.at(s.num_tokens, s.prefill_kpairs, s.decode_kcontext, s.num_sampled),
+        [s for s in samples if s.kind == "language"],
+    )
     overlap = fit_overlap([s for s in samples if s.kind == "mixed"], encode, language)
     model = probe.model
     bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[config.dtype]
@@ -276,6 +282,7 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         "encode_mean_rel_error": round(encode_err, 4),
         "language_mean_rel_error": round(language_err, 4),
         "num_samples": len(samples),
+        "num_dropped_as_contended": encode_dropped + language_dropped,
     }
     fitted = FittedCostModel(encode, language, overlap, migration, capacity, meta)
     return fitted, samples

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from epd_engine.profiler.cost_model import BatchShape, EncodeCoeffs, LanguageCoeffs
-from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap
+from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 
 
 def test_fit_recovers_known_language_coefficients() -> None:
@@ -65,3 +65,16 @@ def test_overlap_is_zero_for_serial_execution_and_clipped() -> None:
     hidden = Sample(shape, 0.01, "mixed")
     assert fit_overlap([hidden], enc, lm) == pytest.approx(1.0)
     assert fit_overlap([Sample(shape, 0.001, "mixed")], enc, lm) == 1.0
+
+
+def test_robust_fit_ignores_samples_slowed_by_other_processes() -> None:
+    truth = EncodeCoeffs(fixed_s=0.001, per_token_s=2e-6, knee_tokens=0)
+    samples = [
+        Sample(BatchShape(num_images=n, image_tokens=100 * n), truth.at(100 * n), "encode")
+        for n in (1, 2, 3, 4, 6, 8, 12, 16)
+    ]
+    samples[3] = Sample(samples[3].shape, samples[3].seconds * 20, "encode")  # a contended run
+    fitted, error, dropped = robust(fit_encode, lambda c, s: c.at(s.image_tokens), samples)
+    assert dropped == 1
+    assert error < 1e-6
+    assert fitted.per_token_s == pytest.approx(2e-6, rel=1e-4)

@@ -1,0 +1,201 @@
+"""Simulator fidelity benchmark (``make bench-fidelity``): the real system vs the simulator.
+
+For each method (default E+P+D, EP+D, EPD; manifests ``examples/tiny-*.yaml``, tiny model on
+CPU) it starts the real system with ``epdctl up --detach``, replays one trace at a few rates
+with ``epdctl bench --sweep``, stops it with ``epdctl down``, then simulates the same trace
+at the same rates with a cost model profiled on this machine (``epdctl profile-costs``) and
+the same plan, budgets and cache sizes. It reports, per method and rate, the relative error
+of p90 TTFT and p90 TPOT (per-request p90 gap, the SLO quantity), and whether the goodput
+ranking of the methods agrees. Vidur's class is < 10% latency error; we report what we get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from epd_engine.bench.arrivals import at_rate
+from epd_engine.bench.goodput import sweep
+from epd_engine.bench.report import build_report, load_report, write_report
+from epd_engine.config import SLO
+from epd_engine.plan import Budgets, Plan
+from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model
+from epd_engine.profiler.simulator import simulate
+from epd_engine.trace import read_trace, summarize_trace
+
+MANIFESTS = {
+    "E+P+D": "examples/tiny-e-p-d.yaml",
+    "EP+D": "examples/tiny-ep-d.yaml",
+    "ED+P": "examples/tiny-ed-p.yaml",
+    "E+PD": "examples/tiny-e-pd.yaml",
+    "EPD": "examples/tiny-epd.yaml",
+}
+EPDCTL = [sys.executable, "-m", "epd_engine"]
+
+
+def sh(*args: str, timeout: float = 1800) -> None:
+    print("$", " ".join(args[2:] if args[:3] == tuple(EPDCTL) else args), flush=True)
+    subprocess.run(list(args), check=True, timeout=timeout)
+
+
+def _flag(extra_args: list[str], name: str) -> int | None:
+    return int(extra_args[extra_args.index(name) + 1]) if name in extra_args else None
+
+
+def manifest_plan(path: str, cost: FittedCostModel) -> tuple[str, Plan, FittedCostModel]:
+    """(deployment name, plan with the manifest's budgets, cost model with its cache sizes)."""
+    from epd_operator.spec import EPDDeployment, fixed_plan
+
+    deployment = EPDDeployment.from_yaml(path)
+    spec = deployment.spec
+    plan = fixed_plan(spec)
+    tokens = _flag(spec.engine.extra_args, "--token-budget")
+    images = _flag(spec.engine.extra_args, "--image-budget")
+    if tokens and images:
+        budgets = {r: Budgets(image_budget=images, token_budget=tokens) for r in plan.pools}
+        plan = plan.model_copy(update={"budgets": budgets})
+    capacity = dataclasses.replace(
+        cost.capacity,
+        num_kv_blocks=spec.engine.num_kv_blocks,
+        num_image_blocks=spec.engine.num_image_blocks,
+    )
+    return deployment.name, plan, dataclasses.replace(cost, capacity=capacity)
+
+
+def p90s(report: dict[str, Any]) -> dict[float, dict[str, float]]:
+    out = {}
+    for point in report["points"]:
+        summary = point["summary"] or {}
+        out[float(point["rate_rps"])] = {
+            "ttft_p90_s": summary.get("ttft", {}).get("p90_s", 0.0),
+            "tpot_p90_s": summary.get("tpot_p90", {}).get("p90_s", 0.0),
+            "attainment": point["attainment"],
+        }
+    return out
+
+
+def rel_error(sim: float, real: float) -> float | None:
+    return abs(sim - real) / real if real > 0 else None
+
+
+def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    sh(*EPDCTL, "up", "-f", manifest, "--port", str(args.port), "--detach",
+       "--runs-dir", str(args.runs_dir), "--model-dir", str(args.model_dir))  # fmt: skip
+    try:
+        sh(*EPDCTL, "bench", "--endpoint", f"http://127.0.0.1:{args.port}/v1",
+           "--trace", str(args.trace_path), "--sweep", args.rates, "--no-progress",
+           "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
+           "--label", name, "--out", str(out))  # fmt: skip
+    finally:
+        subprocess.run([*EPDCTL, "down", name, "--runs-dir", str(args.runs_dir)], check=False)
+    return load_report(out)
+
+
+def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Path) -> dict:
+    records = read_trace(args.trace_path)
+    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    rates = [float(r) for r in args.rates.split(",")]
+    runs: dict[float, Any] = {}
+
+    def run(rate: float) -> Any:
+        runs[rate] = simulate(plan, at_rate(records, rate), cost, slo).results
+        return runs[rate]
+
+    search = sweep(run, rates, slo)
+    report = build_report(
+        label=f"sim {plan.describe()}", slo=slo, trace=summarize_trace(records), summary=None,
+        search=search, mode="sweep", endpoint="simulator",
+        extra={"plan": plan.model_dump(mode="json")},
+    )  # fmt: skip
+    write_report(report, out)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="E+P+D,EP+D,EPD")
+    parser.add_argument("--workload", default="textcaps")
+    parser.add_argument("--num", type=int, default=40)
+    parser.add_argument("--rates", default="1,2,4", help="sweep rates, req/s")
+    parser.add_argument("--slo-ttft", type=float, default=1.0)
+    parser.add_argument("--slo-tpot", type=float, default=0.1)
+    parser.add_argument("--port", type=int, default=8093)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/tiny-llava"))
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/fidelity"))
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results/fidelity"))
+    parser.add_argument("--cost-model", type=Path, help="reuse this cost model (else profile)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity-cpu.json"))
+    args = parser.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    if not (args.model_dir / "config.json").exists():
+        sh(*EPDCTL, "make-model", "--preset", "tiny-llava", str(args.model_dir))
+    cost_path = args.cost_model or args.results / "cost-model.json"
+    if args.cost_model is None:
+        sh(*EPDCTL, "profile-costs", "--model", str(args.model_dir), "--out", str(cost_path),
+           "--num-kv-blocks", "256", "--num-image-blocks", "16", "--no-progress")  # fmt: skip
+    cost = load_cost_model(cost_path)
+    args.trace_path = args.results / "trace.jsonl"
+    sh(*EPDCTL, "trace", "generate", "--workload", args.workload, "--num", str(args.num),
+       "--rate", "1", "--seed", "0", "-o", str(args.trace_path))  # fmt: skip
+
+    rows = []
+    started = time.perf_counter()
+    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+        name, plan, plan_cost = manifest_plan(MANIFESTS[method], cost)
+        slug = method.replace("+", "-").lower()
+        real = run_real(name, MANIFESTS[method], args, args.results / f"real-{slug}.json")
+        sim = run_sim(plan, plan_cost, args, args.results / f"sim-{slug}.json")
+        real_p, sim_p = p90s(real), p90s(sim)
+        points = []
+        for rate, r in sorted(real_p.items()):
+            s = sim_p.get(rate, {})
+            points.append({
+                "rate_rps": rate, "real": r, "sim": s,
+                "ttft_p90_rel_error": rel_error(s.get("ttft_p90_s", 0.0), r["ttft_p90_s"]),
+                "tpot_p90_rel_error": rel_error(s.get("tpot_p90_s", 0.0), r["tpot_p90_s"]),
+            })  # fmt: skip
+        rows.append({
+            "method": method, "plan": plan.describe(),
+            "budgets": {r.value: b.model_dump() for r, b in plan.budgets.items()},
+            "goodput_real_rps": real["goodput_rps"], "goodput_sim_rps": sim["goodput_rps"],
+            "points": points,
+        })  # fmt: skip
+
+    def errors(key: str) -> list[float]:
+        return [p[key] for row in rows for p in row["points"] if p[key] is not None]
+
+    def rank(key: str) -> list[str]:
+        return [r["method"] for r in sorted(rows, key=lambda r: -(r[key] or 0.0))]
+
+    ttft_err, tpot_err = errors("ttft_p90_rel_error"), errors("tpot_p90_rel_error")
+    report = {
+        "kind": "epd-bench-fidelity",
+        "version": 1,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workload": args.workload, "num_requests": args.num, "rates_rps": args.rates,
+        "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
+        "cost_model": {"path": str(cost_path), **cost.meta.get("fit", {})},
+        "loadavg": os.getloadavg(),
+        "methods": rows,
+        "ttft_p90_mean_rel_error": sum(ttft_err) / len(ttft_err) if ttft_err else None,
+        "tpot_p90_mean_rel_error": sum(tpot_err) / len(tpot_err) if tpot_err else None,
+        "goodput_rank_real": rank("goodput_real_rps"),
+        "goodput_rank_sim": rank("goodput_sim_rps"),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    report["goodput_ranking_agrees"] = report["goodput_rank_real"] == report["goodput_rank_sim"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: v for k, v in report.items() if k != "methods"}, indent=2))
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

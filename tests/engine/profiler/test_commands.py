@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from epd_engine.bench.report import load_report
+from epd_engine.cli import main
+from epd_engine.plan import Plan
+from epd_engine.profiler.cost_model import load_cost_model, save_cost_model
+from epd_engine.trace import write_trace
+
+from .factories import make_trace, toy_cost_model
+
+
+@pytest.fixture()
+def inputs(tmp_path: Path) -> tuple[Path, Path]:
+    trace = write_trace(
+        make_trace(num=40, rate_rps=20, output_tokens=3, text_only_every=4),
+        tmp_path / "trace.jsonl",
+    )
+    cost = save_cost_model(toy_cost_model(), tmp_path / "cost.json")
+    return trace, cost
+
+
+def test_simulate_writes_a_bench_report(inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    trace, cost = inputs
+    out = tmp_path / "sim.json"
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--cost-model",
+        str(cost),
+        "--pools",
+        "1E1P1D",
+        "--slo-ttft",
+        "1",
+        "--slo-tpot",
+        "0.1",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = load_report(out)
+    assert report["summary"]["num_requests"] == 40
+    assert report["summary"]["num_ok"] == 40
+    assert report["plan"]["method"] == "E+P+D"
+
+
+def test_plan_writes_a_valid_plan_and_simulate_replays_it(
+    inputs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, cost = inputs
+    plan_path, report_path = tmp_path / "plan.json", tmp_path / "search.json"
+    argv = [
+        "plan",
+        "--trace",
+        str(trace),
+        "--cost-model",
+        str(cost),
+        "--gpus",
+        "3",
+        "--slo-ttft",
+        "0.5",
+        "--slo-tpot",
+        "0.05",
+        "--no-progress",
+        "--workers",
+        "1",
+        "--out",
+        str(plan_path),
+        "--report",
+        str(report_path),
+    ]
+    assert main(argv) == 0
+    plan = Plan.model_validate_json(plan_path.read_text())
+    assert plan.num_instances == 3 and plan.predicted is not None
+    search = json.loads(report_path.read_text())
+    assert search["exhaustive"]["num_candidates"] == 1 + 3 * 2 + 1  # EPD, 3 x C(2,1), E+P+D
+    assert "chosen:" in capsys.readouterr().out
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--cost-model",
+        str(cost),
+        "--plan",
+        str(plan_path),
+        "--slo-ttft",
+        "0.5",
+        "--slo-tpot",
+        "0.05",
+    ]
+    assert main(argv) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--pools", "1E1P1D"], "give a trace"),
+        (["simulate", "--workload", "textcaps", "--rate", "5", "--pools", "3Q"], "expected e.g."),
+        (["simulate", "--workload", "textcaps", "--rate", "5"], "exactly one of --plan"),
+        (["plan", "--workload", "textcaps", "--rate", "5", "--gpus", "0"], "--gpus must be"),
+        (
+            ["plan", "--workload", "textcaps", "--rate", "5", "--gpus", "2", "--methods", "X+Y"],
+            "known:",
+        ),
+        (
+            [
+                "simulate",
+                "--workload",
+                "textcaps",
+                "--rate",
+                "5",
+                "--pools",
+                "1EPD",
+                "--slo-ttft",
+                "1",
+                "--slo-tpot",
+                "0.0001",
+            ],
+            "no batch budget",
+        ),
+    ],
+)
+def test_user_mistakes_get_clear_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    argv = [
+        "profile-costs",
+        "--model",
+        str(tiny_model_dir),
+        "--out",
+        str(out),
+        "--max-images",
+        "2",
+        "--max-prefill-tokens",
+        "32",
+        "--max-decode-batch",
+        "2",
+        "--repeats",
+        "1",
+        "--rounds",
+        "1",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    cost = load_cost_model(out)
+    assert cost.capacity.tokens_per_image == 16  # tiny-llava: (56 / 14)^2
+    assert cost.meta["software"]["torch"]
+    assert cost.meta["model"]["config_sha256"]
+    assert cost.meta["budgets"]["EPD"] is not None
+    assert cost.language.fixed_s + cost.language.per_token_s > 0
