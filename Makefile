@@ -92,3 +92,12 @@ kind-down: ## Delete the kind cluster
 	kind delete cluster --name $(KIND_CLUSTER)
 
 .PHONY: k8s-test helm-lint images kind-up kind-down
+
+# --- Trace-replay profiler (cost model, simulator, plan search) -----------------------------
+bench-plan: venv ## Plan-search speed (32 GPUs x 2,000 requests) and heuristic gap (JSON)
+	$(PY) benchmarks/bench_plan.py --out benchmarks/results/plan-search.json
+
+bench-fidelity: venv model ## Real system (epdctl up + bench) vs simulator for 3 methods (JSON)
+	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --out benchmarks/results/fidelity-cpu.json
+
+.PHONY: bench-plan bench-fidelity
