@@ -4,9 +4,11 @@ For each method (default E+P+D, EP+D, EPD; manifests ``examples/tiny-*.yaml``, t
 CPU) it starts the real system with ``epdctl up --detach``, replays one trace at a few rates
 with ``epdctl bench --sweep``, stops it with ``epdctl down``, then simulates the same trace
 at the same rates with a cost model profiled on this machine (``epdctl profile-costs``) and
-the same plan, budgets and cache sizes. It reports, per method and rate, the relative error
-of p90 TTFT and p90 TPOT (per-request p90 gap, the SLO quantity), and whether the goodput
-ranking of the methods agrees. Vidur's class is < 10% latency error; we report what we get.
+the same plan, budgets and cache sizes. The first method's real run also calibrates the
+cost model's overheads (router, HTTP, engine loop, host jitter: ``profiler.calibrate``); the
+other methods are held out. It reports, per method and rate, the relative error of p90 TTFT
+and p90 TPOT (per-request p90 gap, the SLO quantity), and whether the goodput ranking of the
+methods agrees. Vidur's class is < 10% latency error; we report what we get.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any
 
 from epd_engine.bench.arrivals import at_rate
 from epd_engine.bench.goodput import sweep
-from epd_engine.bench.report import build_report, load_report, write_report
+from epd_engine.bench.report import build_report, load_report, results_from_report, write_report
 from epd_engine.config import SLO
 from epd_engine.plan import Budgets, Plan
-from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model
+from epd_engine.profiler.calibrate import calibrate
+from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model, save_cost_model
 from epd_engine.profiler.simulator import simulate
 from epd_engine.trace import read_trace, summarize_trace
 
@@ -120,7 +123,7 @@ def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Pa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default="E+P+D,EP+D,EPD")
+    parser.add_argument("--methods", default="EPD,E+P+D,EP+D", help="the first calibrates")
     parser.add_argument("--workload", default="textcaps")
     parser.add_argument("--num", type=int, default=40)
     parser.add_argument("--rates", default="1,2,4", help="sweep rates, req/s")
@@ -131,6 +134,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/fidelity"))
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results/fidelity"))
     parser.add_argument("--cost-model", type=Path, help="reuse this cost model (else profile)")
+    parser.add_argument("--no-calibrate", action="store_true", help="runner costs only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity-cpu.json"))
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
@@ -147,10 +151,16 @@ def main() -> None:
 
     rows = []
     started = time.perf_counter()
+    calibrated_on = None
     for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        name, plan, plan_cost = manifest_plan(MANIFESTS[method], cost)
+        name, plan, _ = manifest_plan(MANIFESTS[method], cost)
         slug = method.replace("+", "-").lower()
         real = run_real(name, MANIFESTS[method], args, args.results / f"real-{slug}.json")
+        if calibrated_on is None and not args.no_calibrate:
+            calibrated_on = method
+            cost = calibrate(cost, results_from_report(real), source=f"real {method} run")
+            save_cost_model(cost, args.results / "cost-model-calibrated.json")
+        _, plan, plan_cost = manifest_plan(MANIFESTS[method], cost)
         sim = run_sim(plan, plan_cost, args, args.results / f"sim-{slug}.json")
         real_p, sim_p = p90s(real), p90s(sim)
         points = []
@@ -162,14 +172,23 @@ def main() -> None:
                 "tpot_p90_rel_error": rel_error(s.get("tpot_p90_s", 0.0), r["tpot_p90_s"]),
             })  # fmt: skip
         rows.append({
-            "method": method, "plan": plan.describe(),
+            "method": method, "plan": plan.describe(), "calibration_run": method == calibrated_on,
             "budgets": {r.value: b.model_dump() for r, b in plan.budgets.items()},
             "goodput_real_rps": real["goodput_rps"], "goodput_sim_rps": sim["goodput_rps"],
             "points": points,
         })  # fmt: skip
 
-    def errors(key: str) -> list[float]:
-        return [p[key] for row in rows for p in row["points"] if p[key] is not None]
+    def errors(key: str, held_out: bool = False) -> list[float]:
+        return [
+            p[key]
+            for row in rows
+            if not (held_out and row["calibration_run"])
+            for p in row["points"]
+            if p[key] is not None
+        ]
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
 
     def rank(key: str) -> list[str]:
         return [r["method"] for r in sorted(rows, key=lambda r: -(r[key] or 0.0))]
@@ -184,8 +203,12 @@ def main() -> None:
         "cost_model": {"path": str(cost_path), **cost.meta.get("fit", {})},
         "loadavg": os.getloadavg(),
         "methods": rows,
-        "ttft_p90_mean_rel_error": sum(ttft_err) / len(ttft_err) if ttft_err else None,
-        "tpot_p90_mean_rel_error": sum(tpot_err) / len(tpot_err) if tpot_err else None,
+        "calibrated_on": calibrated_on,
+        "overheads": dataclasses.asdict(cost.overheads),
+        "ttft_p90_mean_rel_error": mean(ttft_err),
+        "tpot_p90_mean_rel_error": mean(tpot_err),
+        "ttft_p90_mean_rel_error_held_out": mean(errors("ttft_p90_rel_error", True)),
+        "tpot_p90_mean_rel_error_held_out": mean(errors("tpot_p90_rel_error", True)),
         "goodput_rank_real": rank("goodput_real_rps"),
         "goodput_rank_sim": rank("goodput_sim_rps"),
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -5,6 +5,7 @@ save a fitted cost model (JSON, with hardware/model/software versions) for simul
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ def _profile(args: argparse.Namespace) -> int:
     from epd_engine.profiler.cost_model import save_cost_model
     from epd_engine.profiler.profile import ProfileConfig, profile_costs, samples_json
 
+    if args.reuse is not None:
+        return _recalibrate(args)
+    if args.model is None:
+        raise UserError("--model is required (or --reuse COST.json --calibrate REPORT)")
     if args.preset and not (args.model / "config.json").is_file():
         from epd_engine.model.make_model import make_model
 
@@ -44,9 +49,9 @@ def _profile(args: argparse.Namespace) -> int:
         budgets[role.value] = found.model_dump() if found else None
     meta = dict(model.meta)
     meta["budgets"] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "alpha": 0.5, **budgets}
-    model = type(model)(
-        model.encode, model.language, model.overlap, model.migration, model.capacity, meta
-    )
+    model = dataclasses.replace(model, meta=meta)
+    if args.calibrate:
+        model = _calibrated(model, args.calibrate)
     path = save_cost_model(model, args.out)
     if args.samples:
         args.samples.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +66,34 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrated(model: Any, report_path: Path) -> Any:
+    from epd_engine.bench.report import load_report, results_from_report
+    from epd_engine.profiler.calibrate import calibrate
+
+    try:
+        results = results_from_report(load_report(report_path))
+        calibrated = calibrate(model, results, source=str(report_path))
+    except ValueError as exc:
+        raise UserError(f"{report_path}: {exc}") from exc
+    o = calibrated.overheads
+    print(f"calibrated on {report_path}: request overhead {o.request_s * 1e3:.1f} ms, "
+          f"step overhead {o.step_s * 1e3:.2f} ms")  # fmt: skip
+    return calibrated
+
+
+def _recalibrate(args: argparse.Namespace) -> int:
+    from epd_engine.profiler.cost_model import load_cost_model, save_cost_model
+
+    if not args.calibrate:
+        raise UserError("--reuse needs --calibrate REPORT (nothing else to change)")
+    try:
+        model = load_cost_model(args.reuse)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    print(f"cost model: {save_cost_model(_calibrated(model, args.calibrate), args.out)}")
+    return 0
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "profile-costs",
@@ -69,7 +102,13 @@ def register(subparsers: Any) -> None:
         "fits the cost model the simulator and planner use, and derives the SLO budgets "
         "the way the engine does at start-up.",
     )
-    p.add_argument("--model", required=True, type=Path, help="checkpoint directory (HF layout)")
+    p.add_argument("--model", type=Path, help="checkpoint directory (HF layout)")
+    p.add_argument(
+        "--calibrate",
+        type=Path,
+        help="`epdctl bench` report of our live system: fit router/engine overheads from it",
+    )
+    p.add_argument("--reuse", type=Path, help="calibrate this cost model instead of measuring")
     p.add_argument("--preset", help="make a random-weight checkpoint of this preset first")
     p.add_argument("--out", type=Path, required=True, help="cost model JSON to write")
     p.add_argument("--samples", type=Path, help="also write the raw samples (JSON)")

@@ -135,6 +135,20 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class Overheads:
+    """What a live system adds around the runner, calibrated from a measured run
+    (``profiler.calibrate``): the router, HTTP and image preprocessing before a request reaches
+    an instance, and the engine loop (scheduling, detokenising, streaming) per iteration."""
+
+    request_s: float = 0.0  # arrival -> queued on its first instance
+    step_s: float = 0.0  # added to every iteration
+    # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).
+    # When present the simulator draws from them with a seeded RNG instead of the medians.
+    request_s_quantiles: tuple[float, ...] = ()
+    step_s_quantiles: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class FittedCostModel:
     encode: EncodeCoeffs = field(default_factory=EncodeCoeffs)
     language: LanguageCoeffs = field(default_factory=LanguageCoeffs)
@@ -142,6 +156,7 @@ class FittedCostModel:
     migration: MigrationCoeffs = field(default_factory=MigrationCoeffs)
     capacity: Capacity = field(default_factory=Capacity)
     meta: dict[str, Any] = field(default_factory=dict)  # hardware, model, software, fit quality
+    overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -155,7 +170,11 @@ class FittedCostModel:
         lm = self.language.at(
             shape.num_tokens, shape.prefill_kpairs, shape.decode_kcontext, shape.num_sampled
         )
-        return enc + lm - self.overlap * min(enc, lm)
+        return enc + lm - self.overlap * min(enc, lm) + self.overheads.step_s
+
+    def runner_step_s(self, shape: BatchShape) -> float:
+        """``step_s`` without the calibrated engine overhead (the simulator adds its own draw)."""
+        return self.step_s(shape) - self.overheads.step_s
 
     def migration_s(self, kind: str, num_tokens: int) -> float:
         return self.migration.at(kind, num_tokens)
@@ -191,9 +210,22 @@ class FittedCostModel:
                 migration=MigrationCoeffs(**data.get("migration", {})),
                 capacity=Capacity(**data.get("capacity", {})),
                 meta=dict(data.get("meta", {})),
+                overheads=_overheads(data.get("overheads", {})),
             )
         except TypeError as exc:  # unknown or missing field
             raise ValueError(f"{source}: malformed cost model ({exc})") from exc
+
+
+def _overheads(data: dict[str, Any]) -> Overheads:
+    known = {"request_s", "step_s", "request_s_quantiles", "step_s_quantiles"}
+    if set(data) - known:
+        raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")
+    return Overheads(
+        request_s=float(data.get("request_s", 0.0)),
+        step_s=float(data.get("step_s", 0.0)),
+        request_s_quantiles=tuple(data.get("request_s_quantiles", ())),
+        step_s_quantiles=tuple(data.get("step_s_quantiles", ())),
+    )
 
 
 def save_cost_model(model: FittedCostModel, path: str | Path) -> Path:

@@ -23,6 +23,7 @@ from epd_engine.config import SLO, Stage
 from epd_engine.plan import Plan
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import BatchShape, FittedCostModel
+from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import RequestStatus
@@ -88,6 +89,7 @@ class _Run:
         self.runners = {  # migration targets: instances whose role runs the stage
             stage: [i for i in self.instances if i.role.runs(stage)] for stage in Stage
         }
+        self.jitter = Jitter(sim.cost.overheads, seed=0)
         self.heap: list[tuple[float, int, int, int, str]] = []
         self.seq = 0
         self.num_steps = 0
@@ -100,8 +102,8 @@ class _Run:
         if self.sim.infeasible:
             reason = "no batch budget meets the SLO on this cost model"
             return SimResult(self.track.results(reason))
-        for index, record in enumerate(self.records):
-            self.push(record.arrival_s, _ARRIVE, index)
+        for index, record in enumerate(self.records):  # after router, HTTP, preprocessing
+            self.push(record.arrival_s + self.jitter.request_s(), _ARRIVE, index)
         now = 0.0
         stopped = False
         while self.heap:
@@ -157,7 +159,7 @@ class _Run:
             self.note_errors(out.preempted_ids, now)
         if out.is_empty:
             return  # blocked on pages: a step or a released migration will kick it again
-        step_s = self.cost.step_s(BatchShape.of(out))
+        step_s = self.cost.runner_step_s(BatchShape.of(out)) + self.jitter.step_s()
         inst.step = out
         inst.busy_s += step_s
         self.num_steps += 1
@@ -193,7 +195,7 @@ class _Run:
             kind, num_tokens = "kv", request.num_computed_tokens
         target.num_incoming += 1
         transfer_s = self.cost.migration_s(kind, num_tokens)
-        self.track.migrated(int(request_id), transfer_s)
+        self.track.migrated(int(request_id), kind, transfer_s)
         self.push(now + transfer_s, _LAND, target.index, f"{source.index}:{request_id}")
 
     def land(self, target_index: int, key: str, now: float) -> None:

@@ -34,7 +34,7 @@ class RequestTracker:
         self.finish_s: list[float | None] = [None] * num
         self.errors: list[str | None] = [None] * num
         self.paths: list[list[str]] = [[] for _ in range(num)]
-        self.migrate_s: list[float] = [0.0] * num
+        self.stage_s: list[dict[str, float]] = [{} for _ in range(num)]  # router's names
         self._requests: dict[int, Request] = {}
         self._late: list[int] = [0] * num
         self._missed: list[bool] = [False] * num
@@ -49,8 +49,9 @@ class RequestTracker:
         self._requests[index] = request
         self.paths[index].append(pool)
 
-    def migrated(self, index: int, seconds: float) -> None:
-        self.migrate_s[index] += seconds
+    def migrated(self, index: int, kind: str, seconds: float) -> None:
+        key = f"migration_{kind}"
+        self.stage_s[index][key] = self.stage_s[index].get(key, 0.0) + seconds
 
     def token(self, index: int, now: float) -> None:
         if self.first_s[index] is None:
@@ -114,7 +115,7 @@ class RequestTracker:
                     e2e_s=None if end is None else end - arrival,
                     num_output_tokens=len(self.gaps[index]) + (first is not None),
                     error=error,
-                    stage_s={"migrate": self.migrate_s[index]} if self.migrate_s[index] else None,
+                    stage_s=self.stage_s[index] or None,
                     path=tuple(self.paths[index]),
                 )
             )

@@ -37,7 +37,11 @@ def test_paths_follow_the_method_and_text_skips_encode() -> None:
     trace = make_trace(num=4, text_only_every=2)
     results = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
     assert [r.path for r in results] == [("P", "D"), ("E", "P", "D")] * 2
-    assert results[0].stage_s == {"migrate": pytest.approx(0.001 + 20 * 4096 / 1e9)}
+    assert results[0].stage_s == {"migration_kv": pytest.approx(0.001 + 20 * 4096 / 1e9)}
+    assert results[1].stage_s is not None and set(results[1].stage_s) == {
+        "migration_image",
+        "migration_kv",
+    }
     ed = Plan(method=Method.ED_P, pools={Role.ED: 1, Role.P: 1})
     paths = [r.path for r in simulate(ed, trace, toy_cost_model(), SLO_LOOSE).results]
     assert paths == [("P", "ED"), ("ED", "P", "ED")] * 2
