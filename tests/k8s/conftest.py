@@ -69,9 +69,14 @@ class Cluster:
         return proc
 
     def get(self, *args: str) -> Any:
-        """``kubectl get ... -o json`` parsed; None when not found."""
+        """``kubectl get ... -o json`` parsed; None when a named object is not found."""
         proc = self.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=True)
         return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+    def items(self, *args: str) -> list[dict[str, Any]]:
+        """The items of ``kubectl get KIND ...`` (empty when there are none)."""
+        found = self.get(*args)
+        return list(found["items"]) if found else []
 
 
 def wait_until(

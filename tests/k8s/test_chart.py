@@ -39,7 +39,7 @@ def test_template_renders_servicemonitor_and_dashboards(tmp_path: Path) -> None:
         json.dumps({"uid": "epd-test", "id": None})
     )
     proc = helm(
-        "template", "epd", str(chart), "-n", "epd-system",
+        "template", "epd", str(chart), "-n", "epd-system", "--kube-version", "1.34.0",
         "--set", "serviceMonitor.enabled=true", "--set", "operator.watchNamespace=team-a",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -54,6 +54,14 @@ def test_template_renders_servicemonitor_and_dashboards(tmp_path: Path) -> None:
 
 
 def test_values_schema_rejects_bad_values() -> None:
-    proc = helm("template", "epd", str(CHART), "--set", "image.pullPolicy=Sometimes")
+    proc = helm(
+        "template",
+        "epd",
+        str(CHART),
+        "--kube-version",
+        "1.34.0",
+        "--set",
+        "image.pullPolicy=Sometimes",
+    )
     assert proc.returncode != 0
     assert "pullPolicy" in proc.stderr

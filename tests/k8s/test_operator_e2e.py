@@ -33,9 +33,7 @@ def epd(cluster: Cluster, ns: str, name: str = NAME) -> dict | None:
 
 
 def engine_deployments(cluster: Cluster, ns: str) -> dict[str, dict]:
-    items = cluster.get("deployments", "-n", ns, "-l", "app.kubernetes.io/component=engine")[
-        "items"
-    ]
+    items = cluster.items("deployments", "-n", ns, "-l", "app.kubernetes.io/component=engine")
     return {d["metadata"]["name"]: d for d in items if not d["metadata"].get("deletionTimestamp")}
 
 
@@ -121,7 +119,7 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
         limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == "1"
         assert dep["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
-    pods = cluster.get("pods", "-n", ns, "-l", "app.kubernetes.io/component=engine")["items"]
+    pods = cluster.items("pods", "-n", ns, "-l", "app.kubernetes.io/component=engine")
     assert len(pods) == 4
     for pod in pods:
         assert pod["status"]["phase"] == "Running"
@@ -197,9 +195,9 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
     assert obj["status"]["plan"]["revision"] == 2
     reasons = {
         e["reason"]
-        for e in cluster.get("events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}")[
-            "items"
-        ]
+        for e in cluster.items(
+            "events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}"
+        )
     }
     assert {"PlanChanged", "Switched", "DrainTimeout"} <= reasons, reasons
 
@@ -209,9 +207,7 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
     def children_left() -> list[str]:
         left = []
         for kind in ("deployments", "replicasets", "pods", "services", "configmaps", "secrets"):
-            items = cluster.get(kind, "-n", ns, "-l", "app.kubernetes.io/managed-by=epd-operator")[
-                "items"
-            ]
+            items = cluster.items(kind, "-n", ns, "-l", "app.kubernetes.io/managed-by=epd-operator")
             left += [f"{kind}/{i['metadata']['name']}" for i in items]
         return left
 

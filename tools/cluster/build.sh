@@ -20,6 +20,17 @@ export CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath"
 ldflags="-s -w"
 
+# Stamp the Kubernetes version like the release build does (hack/lib/version.sh): without it
+# the API server reports v0.0.0-master and `helm install` refuses charts with a kubeVersion.
+k8s_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v1\./ {print $2; exit}' "$here/go.mod")"
+[[ -n $k8s_version ]] || { echo "build.sh: no k8s.io/kubernetes version in go.mod" >&2; exit 1; }
+k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
+k8s_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+
 # build_module DIR STAMP_NAME OUT_NAME=PACKAGE...
 build_module() {
   local dir="$1" stamp_name="$2"; shift 2
@@ -33,7 +44,9 @@ build_module() {
   local start=$SECONDS
   for spec in "$@"; do
     echo "build.sh: building ${spec%%=*} (${spec#*=})"
-    (cd "$dir" && go build -ldflags="$ldflags" -o "$bin/${spec%%=*}" "${spec#*=}")
+    local flags="$ldflags"
+    [[ $stamp_name == kubernetes ]] && flags+="$k8s_ldflags"
+    (cd "$dir" && go build -ldflags="$flags" -o "$bin/${spec%%=*}" "${spec#*=}")
   done
   echo "$want" > "$stamp"
   echo "build.sh: $stamp_name built in $((SECONDS - start)) s"
