@@ -1,7 +1,11 @@
 """Reference paged attention in plain torch: the CPU path and the yardstick for GPU kernels.
 
-Per sequence it gathers the sequence's pages into a contiguous K/V and runs SDPA with a
-causal mask offset by the tokens already cached. Slow for big batches, exact for all.
+Three cases, each one SDPA call per group so CPU time goes to math, not Python:
+- decodes (one new token each) are batched: pages gathered into a padded ``[S, L]`` K/V
+  with a length mask;
+- a prefill with nothing cached attends over its own K/V with ``is_causal`` (SDPA's fast
+  path; an explicit mask would send it down the slow general path);
+- a chunk after cached tokens gathers its pages and uses a causal mask offset by them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,36 @@ def gather_kv(
     return k, v
 
 
+def _decode_batch(
+    q: torch.Tensor,  # [S, Hq, D]: one new token per sequence
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:  # [S, Hq, D]
+    num_pages = [-(-n // block_size) for n in context_lens]
+    max_pages = max(num_pages)
+    # pad every table to max_pages with page 0: those keys are masked out below
+    padded = [t[:n] + [0] * (max_pages - n) for t, n in zip(block_tables, num_pages, strict=True)]
+    pages = torch.tensor(padded, dtype=torch.long, device=kv_cache.device)  # [S, P]
+    kv = kv_cache[pages]  # [S, P, 2, block_size, Hkv, D]
+    k = kv[:, :, 0].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [S, Hkv, L, D]
+    v = kv[:, :, 1].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    lengths = torch.tensor(context_lens, device=q.device)  # [S]
+    positions = torch.arange(k.shape[2], device=q.device)  # [L]
+    mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # [S, 1, 1, L]
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :],  # [S, Hq, 1, D]
+        k,
+        v,
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # [S, Hq, 1, D]
+    return out[:, :, 0]
+
+
 class TorchPagedAttention:
     """``AttentionBackend`` with torch ops only (see ``attention.AttentionBackend``)."""
 
@@ -58,7 +92,9 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         write_kv_cache(k, v, kv_cache, meta.slot_mapping, meta.block_size)
         num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+        gqa = num_q_heads != num_kv_heads
         out = torch.empty_like(q)  # [T, Hq, D]
+        decodes: list[int] = []
         for seq in range(meta.num_seqs):
             start, end = meta.query_start_loc[seq], meta.query_start_loc[seq + 1]
             q_len, context_len = end - start, meta.context_lens[seq]
@@ -66,6 +102,19 @@ class TorchPagedAttention:
                 continue
             if q_len > context_len:
                 raise ValueError(f"sequence {seq}: {q_len} new tokens but context {context_len}")
+            if q_len == 1 and context_len > 1:
+                decodes.append(seq)
+                continue
+            if q_len == context_len:  # nothing cached before: attend over this step's K/V
+                out[start:end] = F.scaled_dot_product_attention(
+                    q[start:end].transpose(0, 1),  # [Hq, q_len, D]
+                    k[start:end].transpose(0, 1),  # [Hkv, q_len, D]
+                    v[start:end].transpose(0, 1),
+                    is_causal=True,
+                    scale=scale,
+                    enable_gqa=gqa,
+                ).transpose(0, 1)
+                continue
             k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], context_len, meta.block_size)
             # Query j sits at position context_len - q_len + j and sees keys 0..that position.
             q_pos = torch.arange(context_len - q_len, context_len, device=q.device)  # [q_len]
@@ -77,7 +126,17 @@ class TorchPagedAttention:
                 v_ctx.to(q.dtype).transpose(0, 1),
                 attn_mask=mask,
                 scale=scale,
-                enable_gqa=num_q_heads != num_kv_heads,
+                enable_gqa=gqa,
             )  # [Hq, q_len, D]
             out[start:end] = seq_out.transpose(0, 1)
+        if decodes:
+            rows = [meta.query_start_loc[seq] for seq in decodes]
+            out[rows] = _decode_batch(
+                q[rows],
+                kv_cache,
+                [meta.block_tables[seq] for seq in decodes],
+                [meta.context_lens[seq] for seq in decodes],
+                meta.block_size,
+                scale,
+            )
         return out

@@ -38,3 +38,45 @@ def test_paged_attention_with_gqa_matches_dense_and_fills_the_cache():
     # Token 5 sits in page block_table[1] = 0 at offset 1.
     torch.testing.assert_close(kv_cache[0, 0, 1], k[5])
     torch.testing.assert_close(kv_cache[0, 1, 1], v[5])
+
+
+def test_batched_decodes_of_different_lengths_match_dense_per_sequence():
+    """Several one-token decodes in one batch (the padded, masked SDPA path)."""
+    from epd_engine.model.attention import AttentionMetadata
+
+    gen = torch.Generator().manual_seed(1)
+    hq, hkv, d, block_size = 4, 2, 8, 4
+    lengths = [3, 9, 6]  # tokens per sequence including the one decoded now
+    tables = [[7], [1, 4, 2], [6, 0]]
+    kv_cache = torch.zeros(8, 2, block_size, hkv, d)
+    backend = TorchPagedAttention()
+    seqs = []
+    for length, table in zip(lengths, tables, strict=True):
+        q = torch.randn(length, hq, d, generator=gen)
+        k = torch.randn(length, hkv, d, generator=gen)
+        v = torch.randn(length, hkv, d, generator=gen)
+        meta = single_sequence_metadata(table, 0, length - 1, block_size)
+        backend.forward(q[:-1], k[:-1], v[:-1], kv_cache, meta, 0.3)  # prefill all but the last
+        seqs.append((q, k, v))
+    slots = [
+        t[(n - 1) // block_size] * block_size + (n - 1) % block_size
+        for t, n in zip(tables, lengths, strict=True)
+    ]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        query_start_loc=[0, 1, 2, 3],
+        context_lens=lengths,
+        block_tables=tables,
+        block_size=block_size,
+    )
+    out = backend.forward(
+        torch.stack([q[-1] for q, _, _ in seqs]),
+        torch.stack([k[-1] for _, k, _ in seqs]),
+        torch.stack([v[-1] for _, _, v in seqs]),
+        kv_cache,
+        meta,
+        0.3,
+    )
+    for row, (q, k, v) in enumerate(seqs):
+        expected = dense_causal_attention(q, k, v, 0.3)[-1]
+        torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-5)
