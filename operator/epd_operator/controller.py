@@ -27,6 +27,10 @@ from epd_operator.spec import (
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
 
+class RoutingNotApplied(RuntimeError):
+    """The router answered but refused the new routing: do not record the switch; retry."""
+
+
 def _ts(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -147,7 +151,9 @@ def reconcile(
             kube.apply(r.render_pool_deployment(owner, pool, plan))
             kube.apply(r.render_pool_service(owner, pool))
     if decision.route_to != observed.active_pools:
-        router.set_routing(sorted(decision.route_to))
+        applied = router.set_routing(sorted(decision.route_to))
+        if not applied and observed.in_flight is not None:
+            raise RoutingNotApplied(f"router {router.base_url} did not accept the new routing")
     kube.apply(r.render_configmap(owner, plan, sorted(decision.route_to)))
     kube.apply(r.render_router_deployment(owner))
     kube.apply(r.render_router_service(owner))

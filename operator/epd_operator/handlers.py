@@ -14,7 +14,7 @@ import kopf
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from epd_operator.controller import reconcile
+from epd_operator.controller import RoutingNotApplied, reconcile
 from epd_operator.kube import Kube
 from epd_operator.settings import OperatorSettings
 from epd_operator.spec import GROUP, PLURAL, VERSION
@@ -77,4 +77,6 @@ def reconcile_timer(
         )
     except ApiException as exc:
         raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+    except RoutingNotApplied as exc:
+        raise kopf.TemporaryError(str(exc), delay=5) from exc
     patch.status.update(new_status)

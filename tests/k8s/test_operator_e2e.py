@@ -238,6 +238,25 @@ def test_more_gpus_than_the_nodes_have_is_degraded(
     cluster.kubectl("delete", "epd", "huge", "-n", namespace, "--wait=true", "--timeout=60s")
 
 
+def test_auto_mode_starts_from_a_plan_within_the_budget(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", str(ROOT / "examples" / "k8s" / "epd-auto.yaml")
+    )
+
+    def planned() -> dict | None:
+        obj = epd(cluster, namespace, "qwen2-vl")
+        ready = condition(obj, "Ready").get("status") == "True"
+        return obj if ready and condition(obj, "Progressing").get("status") == "False" else None
+
+    obj = wait_until("Auto EPDDeployment Ready", planned, 90)
+    plan = obj["status"]["plan"]
+    gpus = sum(n for n in plan["pools"].values() if n)
+    assert 1 <= gpus <= obj["spec"]["gpuBudget"]
+    assert "no trace yet" in plan["reason"]
+    assert len(engine_deployments(cluster, namespace)) == len(plan["method"].split("+"))
+    cluster.kubectl("delete", "epd", "qwen2-vl", "-n", namespace, "--wait=true", "--timeout=60s")
+
+
 def test_operator_log_has_no_tracebacks(operator: Any) -> None:
     log = (ROOT / ".build" / "test-logs" / "operator.log").read_text()
     assert "Traceback" not in log, log[-4000:]
