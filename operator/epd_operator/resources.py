@@ -144,26 +144,22 @@ def with_hash(manifest: Manifest) -> Manifest:
 
 
 def router_config(owner: Owner, plan: Plan, active_pools: list[str]) -> dict[str, Any]:
-    """The router's /etc/epd/router.json: model, SLOs, pools and which ones to route to."""
+    """The router's /etc/epd/router.json (``epd_engine.router.settings.RouterSettings``).
+
+    ``active_pools`` null means every registered pool; the operator sets it to the plan's pools
+    at the switch (and PUTs the same set to the running router's /internal/routing).
+    """
     spec = owner.spec
     return {
         "model": spec.model.name,
-        "slo": {
-            "ttft_s": spec.slo.ttft_milliseconds / 1000,
-            "tpot_s": spec.slo.tpot_milliseconds / 1000,
-            "attainment": spec.slo.attainment_percent / 100,
+        "method": plan.method.value,
+        "slo_ttft_s": spec.slo.ttft_milliseconds / 1000,
+        "slo_tpot_s": spec.slo.tpot_milliseconds / 1000,
+        "active_pools": sorted(active_pools) or None,
+        "plan": {
+            **plan.model_dump(mode="json"),
+            "pool_names": {p.role.value: p.name for p in pool_specs(owner, plan)},
         },
-        "pools": [
-            {
-                "name": p.name,
-                "role": p.role.value,
-                "service": f"{p.name}.{owner.namespace}.svc",
-                "port": ENGINE_PORT,
-            }
-            for p in pool_specs(owner, plan)
-        ],
-        "active_pools": sorted(active_pools),
-        "trace_window_s": spec.profiler.trace_window_seconds,
     }
 
 
@@ -363,7 +359,9 @@ def render_router_deployment(owner: Owner) -> Manifest:
         ],
         "env": [_token_env(owner)],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
-        "readinessProbe": _probe("/health/ready", 5, 3),
+        # Not /health/ready: that is 503 until an engine registers, and engines register
+        # through this Service, which only routes to Ready pods.
+        "readinessProbe": _probe("/health/live", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),
         "resources": _resources(owner, 0, router.resources.requests, router.resources.limits),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],

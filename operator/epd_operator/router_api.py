@@ -1,7 +1,7 @@
 """Client of the router's internal API, used to drain pools before deleting them.
 
-``GET /internal/pools`` -> instances and in-flight requests per pool;
-``PUT /internal/routing`` {"pools": [...]} -> the set of pools that get new requests.
+``GET /internal/pools`` -> ``{"active_pools": [...], "pools": {name: {"inflight": n, ...}}}``;
+``PUT /internal/routing`` ``{"active_pools": [...]}`` -> the pools that get new requests.
 Both carry the shared ``X-EPD-Token``. When the router cannot be reached (no container runs
 in the kwok test cluster; a router restarting) the calls return None/False and the operator
 falls back to the drain timeout.
@@ -37,7 +37,7 @@ class RouterAPI:
         try:
             resp = httpx.put(
                 f"{self.base_url}/internal/routing",
-                json={"pools": sorted(pools)},
+                json={"active_pools": sorted(pools)},
                 headers=self.headers,
                 timeout=self.timeout_s,
             )
@@ -50,7 +50,8 @@ class RouterAPI:
 def parse_in_flight(payload: Any) -> dict[str, int]:
     """Accept ``{"pools": {name: {...}}}``, ``{"pools": [{"name"|"pool": ..}]}`` or a bare map.
 
-    A pool's in-flight count is its ``in_flight`` field, or the sum over its ``instances``.
+    A pool's in-flight count is its ``inflight`` (or ``in_flight``) field, else the sum over
+    its ``instances``.
     """
     pools = payload.get("pools", payload) if isinstance(payload, dict) else payload
     items = (
@@ -62,8 +63,10 @@ def parse_in_flight(payload: Any) -> dict[str, int]:
     for name, info in items:
         if not isinstance(info, dict) or not name:
             raise ValueError(f"unexpected /internal/pools entry: {info!r}")
-        if "in_flight" in info:
-            out[str(name)] = int(info["in_flight"])
-        else:
-            out[str(name)] = sum(int(i.get("in_flight", 0)) for i in info.get("instances", []))
+        count = info.get("inflight", info.get("in_flight"))
+        if count is None:
+            count = sum(
+                int(i.get("inflight", i.get("in_flight", 0))) for i in info.get("instances", [])
+            )
+        out[str(name)] = int(count)
     return out

@@ -93,7 +93,12 @@ def test_router_and_configmap(owner: Owner) -> None:
     cm = r.render_configmap(owner, PLAN, [pools[0].name])
     config = json.loads(cm["data"]["router.json"])
     assert config["active_pools"] == [pools[0].name]
-    assert [p["role"] for p in config["pools"]] == ["E", "P", "D"]
+    assert config["method"] == "E+P+D"
+    assert list(config["plan"]["pool_names"]) == ["E", "P", "D"]
+    assert (
+        json.loads(r.render_configmap(owner, PLAN, [])["data"]["router.json"])["active_pools"]
+        is None
+    )
     assert Plan.model_validate_json(cm["data"]["plan.json"]) == PLAN
     dep = r.render_router_deployment(owner)
     container = dep["spec"]["template"]["spec"]["containers"][0]
@@ -112,3 +117,23 @@ def test_hash_changes_with_content(owner: Owner) -> None:
         != b["metadata"]["annotations"][r.ANNOTATION_HASH]
     )
     assert a == r.render_configmap(owner, PLAN, [])
+
+
+def test_pod_command_lines_parse_with_the_real_epdctl() -> None:
+    """The engine and router args the operator renders are accepted by ``epdctl``'s parser."""
+    from epd_engine.cli import build_parser
+
+    owner = make_owner(engine={"kvBlockSize": 32, "numKvBlocks": 1024})
+    parser = build_parser()
+    for pool in r.pool_specs(owner, PLAN):
+        container = r.render_pool_deployment(owner, pool, PLAN)["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        args = parser.parse_args(container["args"])
+        assert (args.command, args.role, args.pool) == ("serve", pool.role.value, pool.name)
+        assert args.kv_block_size == 32 and args.num_kv_blocks == 1024
+        assert args.router_url == "http://demo-router.serving.svc:8080"
+        assert args.slo_tpot == 0.08
+    router = r.render_router_deployment(owner)["spec"]["template"]["spec"]["containers"][0]
+    args = parser.parse_args(router["args"])
+    assert (args.command, args.port) == ("router", 8080)

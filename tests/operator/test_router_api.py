@@ -1,0 +1,98 @@
+"""The operator's drain client against the real router process (``epdctl router``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from epd_engine.plan import Plan
+from epd_engine.router.settings import RouterSettings
+from epd_operator import resources as r
+from epd_operator.router_api import RouterAPI, parse_in_flight
+from tests.operator.conftest import make_owner
+
+TOKEN = "test-token"
+PLAN = Plan(method="E+P+D", pools={"E": 1, "P": 2, "D": 1})
+
+
+def test_router_accepts_the_operator_configmap(tmp_path: Path) -> None:
+    owner = make_owner()
+    names = [p.name for p in r.pool_specs(owner, PLAN)]
+    cm = r.render_configmap(owner, PLAN, names)
+    path = tmp_path / "router.json"
+    path.write_text(cm["data"]["router.json"])
+    settings = RouterSettings.from_file(path)
+    assert settings.model == "llava"
+    assert settings.active_pools == sorted(names)
+    assert settings.slo_tpot_s == pytest.approx(0.08)
+
+
+def test_parse_in_flight_shapes() -> None:
+    real = {"active_pools": None, "pools": {"a": {"inflight": 2, "instances": []}}}
+    assert parse_in_flight(real) == {"a": 2}
+    assert parse_in_flight({"pools": [{"name": "b", "in_flight": 1}]}) == {"b": 1}
+    assert parse_in_flight({"c": {"instances": [{"inflight": 1}, {"inflight": 3}]}}) == {"c": 4}
+    with pytest.raises(ValueError):
+        parse_in_flight({"pools": {"a": 3}})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def router_url(tmp_path: Path) -> Iterator[str]:
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"model": "llava"}))
+    port = _free_port()
+    env = {**os.environ, "EPD_INTERNAL_TOKEN": TOKEN}
+    main = "import sys; from epd_engine.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", main, "router", "--config", str(config),
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                pytest.fail(f"router exited: {out[-2000:]}")
+        else:
+            pytest.fail("router did not come up in 60 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_drain_client_against_the_real_router(router_url: str) -> None:
+    api = RouterAPI(router_url, TOKEN, timeout_s=5)
+    assert api.in_flight() == {}  # reachable, no pool has requests in flight
+    assert api.set_routing(["llava-ep-1", "llava-d-2"])
+    body = httpx.get(f"{router_url}/internal/pools", headers={"X-EPD-Token": TOKEN}).json()
+    assert body["active_pools"] == ["llava-d-2", "llava-ep-1"]
+    wrong = RouterAPI(router_url, "wrong-token")
+    assert wrong.in_flight() is None and not wrong.set_routing(["x"])
+
+
+def test_unreachable_router_reads_as_unknown() -> None:
+    api = RouterAPI(f"http://127.0.0.1:{_free_port()}", TOKEN, timeout_s=0.5)
+    assert api.in_flight() is None
+    assert api.set_routing(["a"]) is False
