@@ -106,13 +106,14 @@ class TorchPagedAttention:
                 decodes.append(seq)
                 continue
             if q_len == context_len:  # nothing cached before: attend over this step's K/V
+                # Heads expanded by hand: with enable_gqa CPU SDPA leaves its flash path (2x).
+                group = num_q_heads // num_kv_heads
                 out[start:end] = F.scaled_dot_product_attention(
                     q[start:end].transpose(0, 1),  # [Hq, q_len, D]
-                    k[start:end].transpose(0, 1),  # [Hkv, q_len, D]
-                    v[start:end].transpose(0, 1),
+                    k[start:end].repeat_interleave(group, 1).transpose(0, 1),  # [Hq, q_len, D]
+                    v[start:end].repeat_interleave(group, 1).transpose(0, 1),
                     is_causal=True,
                     scale=scale,
-                    enable_gqa=gqa,
                 ).transpose(0, 1)
                 continue
             k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], context_len, meta.block_size)
