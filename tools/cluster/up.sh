@@ -12,8 +12,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 bin="${EPD_CLUSTER_BIN:-$root/.build/bin}"
 dir="${EPD_CLUSTER_DIR:-$root/.build/cluster}"
-etcd_port="${EPD_ETCD_PORT:-23790}"
-api_port="${EPD_APISERVER_PORT:-16443}"
 kubeconfig="$dir/kubeconfig"
 kubectl=("$bin/kubectl" --kubeconfig "$kubeconfig")
 
@@ -27,6 +25,15 @@ if [[ -f "$kubeconfig" ]] && "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1; 
 fi
 "$here/down.sh" --quiet || true
 mkdir -p "$dir/pki" "$dir/logs" "$dir/run"
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() {  # first free port from $1 (steps of 2: etcd needs port and port+1)
+  local p="$1"
+  until port_free "$p" && port_free $((p + 1)); do p=$((p + 2)); done
+  echo "$p"
+}
+etcd_port="${EPD_ETCD_PORT:-$(pick_port 23790)}"
+api_port="${EPD_APISERVER_PORT:-$(pick_port 16443)}"
 start=$SECONDS
 
 # --- certificates ---------------------------------------------------------------------------
