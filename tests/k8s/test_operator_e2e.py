@@ -238,6 +238,55 @@ def test_more_gpus_than_the_nodes_have_is_degraded(
     cluster.kubectl("delete", "epd", "huge", "-n", namespace, "--wait=true", "--timeout=60s")
 
 
+def test_budget_too_small_for_a_surge_says_capacity_drops(cluster: Cluster, namespace: str) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"]["name"] = "tight"
+    doc["spec"]["model"]["source"] = {"preset": "tiny-llava"}
+    doc["spec"]["gpuBudget"] = 5
+    doc["spec"]["rollout"]["drainTimeoutSeconds"] = 2
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
+    wait_until(
+        "first plan Ready",
+        lambda: condition(epd(cluster, namespace, "tight"), "Ready").get("status") == "True",
+        90,
+    )
+
+    pools = {"E": None, "P": None, "EP": 2, "D": 1}  # 4 GPUs -> 3 GPUs; both at once need 7 > 5
+    patch = {"spec": {"disaggregation": {"method": "EP+D", "pools": pools}}}
+    cluster.kubectl(
+        "patch", "epd", "tight", "-n", namespace, "--type", "merge", "-p", json.dumps(patch)
+    )
+    reasons, max_gpus = set(), 0
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        obj = epd(cluster, namespace, "tight") or {}
+        reasons.add(condition(obj, "Progressing").get("reason"))
+        deps = engine_deployments(cluster, namespace)
+        gpus = sum(
+            d["spec"]["replicas"]
+            * int(
+                d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+                    "nvidia.com/gpu"
+                ]
+            )
+            for d in deps.values()
+        )
+        max_gpus = max(max_gpus, gpus)
+        done = condition(obj, "Progressing").get("reason") == "RolloutComplete"
+        if done and obj["status"]["plan"]["method"] == "EP+D" and len(deps) == 2:
+            break
+        time.sleep(0.2)
+    assert "BudgetForcesCapacityDrop" in reasons, reasons
+    assert max_gpus <= 5, "the GPU budget was exceeded during the rollout"
+    assert condition(obj, "Ready")["status"] == "True"
+    warnings = {
+        e["reason"]
+        for e in cluster.items("events", "-n", namespace, "--field-selector", "type=Warning")
+    }
+    assert "CapacityDrop" in warnings
+    cluster.kubectl("delete", "epd", "tight", "-n", namespace, "--wait=true", "--timeout=60s")
+
+
 def test_auto_mode_starts_from_a_plan_within_the_budget(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl(
         "apply", "-n", namespace, "-f", str(ROOT / "examples" / "k8s" / "epd-auto.yaml")
