@@ -272,9 +272,10 @@ class WorkloadStats:
 
     num_requests: int
     request_rate_rps: float
-    mean_prompt_tokens: float
-    mean_images: float
-    mean_output_tokens: float
+    mean_prompt_tokens: float | None = None  # None: not exported by the router (yet)
+    mean_images: float | None = None
+    mean_output_tokens: float | None = None
+    slo_attainment: float | None = None  # share of requests meeting both SLOs
 
 
 Planner = Callable[[EPDDeploymentSpec, WorkloadStats | None], Plan]
@@ -293,9 +294,10 @@ def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan
         return Plan(method=Method.EPD, pools={Role.EPD: 1}, reason="budget fits one instance")
     if n == 2:
         return Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}, reason="budget fits two")
-    work_e = (stats.mean_images if stats else 1.0) * 576
-    work_p = stats.mean_prompt_tokens if stats else 512.0
-    work_d = 2 * (stats.mean_output_tokens if stats else 256.0)
+    images = stats.mean_images if stats and stats.mean_images is not None else 1.0
+    prompt = stats.mean_prompt_tokens if stats and stats.mean_prompt_tokens is not None else 512.0
+    output = stats.mean_output_tokens if stats and stats.mean_output_tokens is not None else 256.0
+    work_e, work_p, work_d = images * 576, prompt, 2 * output
     total = work_e + work_p + work_d or 1.0
     counts = {r: max(1, int(n * w / total)) for r, w in ((Role.E, work_e), (Role.P, work_p))}
     counts[Role.D] = max(1, n - counts[Role.E] - counts[Role.P])
@@ -316,7 +318,9 @@ def workload_shift_percent(before: WorkloadStats, now: WorkloadStats) -> float:
         (before.mean_images, now.mean_images),
         (before.mean_output_tokens, now.mean_output_tokens),
     ]
-    return max(abs(b - a) / max(abs(a), 1e-9) * 100 for a, b in pairs)
+    return max(
+        abs(b - a) / max(abs(a), 1e-9) * 100 for a, b in pairs if a is not None and b is not None
+    )
 
 
 def choose_plan(
@@ -328,7 +332,8 @@ def choose_plan(
     planner: Planner = heuristic_plan,
 ) -> Plan:
     """The plan to run now. Fixed: the spec's. Auto: keep the current plan unless the
-    interval passed, the window has enough requests and the workload shifted enough."""
+    interval passed, the window has enough requests, and the workload shifted enough or the
+    live SLO attainment fell below the target."""
     if spec.disaggregation.mode == "Fixed":
         return fixed_plan(spec)
     if current is None:
@@ -341,6 +346,10 @@ def choose_plan(
         and (
             planned_on is None
             or workload_shift_percent(planned_on, stats) >= prof.shift_threshold_percent
+            or (
+                stats.slo_attainment is not None
+                and stats.slo_attainment * 100 < spec.slo.attainment_percent
+            )
         )
     ):
         return planner(spec, stats)

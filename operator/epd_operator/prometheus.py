@@ -1,8 +1,11 @@
 """Prometheus HTTP API client: the live workload the profiler re-plans on.
 
-Reads the router's ``epd_`` metrics (DESIGN.md §4) over the profiler's trace window. Every
-query is instant (``/api/v1/query``); a missing series or an unreachable server gives None,
-and the operator then keeps its current plan.
+Reads the ``epd_`` metrics (DESIGN.md §4, engine/epd_engine/metrics.py) over the profiler's
+trace window: finished requests (``epd_requests_total``) and SLO attainment
+(``epd_slo_met_total``). Per-request prompt/image/output means are read from histograms the
+router does not export yet (``epd_request_{prompt_tokens,images,output_tokens}``); missing
+series give None and the planner falls back to defaults. Every query is instant
+(``/api/v1/query``); an unreachable server gives None and the operator keeps its plan.
 """
 
 from __future__ import annotations
@@ -45,13 +48,12 @@ class Prometheus:
         num = self.scalar(f"sum(increase(epd_requests_total{{{sel}}}[{w}]))")
         if num is None:
             return None
-        prompt = self.scalar(mean("epd_request_prompt_tokens"))
-        images = self.scalar(mean("epd_request_images"))
-        output = self.scalar(mean("epd_request_output_tokens"))
+        met = self.scalar(f"sum(increase(epd_slo_met_total{{{sel}}}[{w}]))")
         return WorkloadStats(
             num_requests=int(num),
             request_rate_rps=num / window_s,
-            mean_prompt_tokens=prompt or 0.0,
-            mean_images=images or 0.0,
-            mean_output_tokens=output or 0.0,
+            mean_prompt_tokens=self.scalar(mean("epd_request_prompt_tokens")),
+            mean_images=self.scalar(mean("epd_request_images")),
+            mean_output_tokens=self.scalar(mean("epd_request_output_tokens")),
+            slo_attainment=met / num if met is not None and num > 0 else None,
         )

@@ -169,6 +169,18 @@ def test_choose_plan_fixed_and_auto() -> None:
     assert replanned.num_instances <= 8 and replanned.pools[Role.E] > first.pools[Role.E]
 
 
+def test_auto_replans_when_slo_attainment_drops() -> None:
+    auto = EPDDeploymentSpec.model_validate(make_spec_dict(disaggregation={"mode": "Auto"}))
+    current = PlanStatus.from_plan(heuristic_plan(auto, None), 1)
+    before = WorkloadStats(500, 2.0, slo_attainment=0.95)
+    ok = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.95)
+    bad = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.5)
+    same = choose_plan(auto, current, ok, before, 10_000)
+    assert same.describe() == current.to_plan().describe()  # no shift, SLOs met: keep
+    replanned = choose_plan(auto, current, bad, before, 10_000)
+    assert replanned.pools[Role.E] > current.to_plan().pools[Role.E]
+
+
 def test_heuristic_plan_small_budgets_and_shift() -> None:
     one = EPDDeploymentSpec.model_validate(
         make_spec_dict(gpuBudget=1, disaggregation={"mode": "Auto"})
