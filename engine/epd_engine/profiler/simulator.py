@@ -49,9 +49,14 @@ class Simulator:
         cost: FittedCostModel,
         slo: SLO | None = None,
         policy: RoutingPolicy | None = None,
+        host_cores: float | None = None,
     ) -> None:
+        """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
+        on one machine); an iteration stretches by busy instances / cores when oversubscribed.
+        None: every instance has its own device (GPU pods)."""
         self.plan = plan
         self.cost = cost
+        self.host_cores = host_cores
         self.slo = slo or SLO()
         self.policy = policy or LeastLoaded()
         self.budgets = {}
@@ -91,6 +96,7 @@ class _Run:
         }
         self.jitter = Jitter(sim.cost.overheads, seed=0)
         self.heap: list[tuple[float, int, int, int, str]] = []
+        self.num_busy = 0  # instances mid-iteration (for host_cores sharing)
         self.seq = 0
         self.num_steps = 0
 
@@ -160,6 +166,9 @@ class _Run:
         if out.is_empty:
             return  # blocked on pages: a step or a released migration will kick it again
         step_s = self.cost.runner_step_s(BatchShape.of(out)) + self.jitter.step_s()
+        self.num_busy += 1
+        if self.sim.host_cores:  # processor sharing, fixed at the iteration's start
+            step_s *= max(1.0, self.num_busy / self.sim.host_cores)
         inst.step = out
         inst.busy_s += step_s
         self.num_steps += 1
@@ -169,6 +178,7 @@ class _Run:
         out = inst.step
         assert out is not None
         inst.step = None
+        self.num_busy -= 1
         inst.changed()
         sampled = {t.request_id: 0 for t in out.token_tasks if t.sample}
         for event in inst.scheduler.update(out, sampled):
@@ -235,9 +245,10 @@ def simulate(
     cost: FittedCostModel,
     slo: SLO | None = None,
     stop_on_failure: bool = False,
+    host_cores: float | None = None,
 ) -> SimResult:
     """Simulate ``plan`` serving ``records`` (arrivals as given)."""
-    return Simulator(plan, cost, slo).run(records, stop_on_failure)
+    return Simulator(plan, cost, slo, host_cores=host_cores).run(records, stop_on_failure)
 
 
 def max_misses(num_requests: int, slo: SLO) -> int:

@@ -113,3 +113,12 @@ def test_given_budgets_are_used() -> None:
     trace = make_trace(num=1, prompt_tokens=20, images_per_request=0)
     [r] = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
     assert r.ttft_s == pytest.approx(3 * 0.005 + 20 * 1e-4)  # three chunks of <= 8 tokens
+
+
+def test_instances_sharing_host_cores_slow_each_other_down() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 2})
+    trace = make_trace(num=2, rate_rps=1000, images_per_request=0, output_tokens=2)
+    own = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
+    shared = simulate(plan, trace, toy_cost_model(), SLO_LOOSE, host_cores=1).results
+    assert own[1].ttft_s is not None and shared[1].ttft_s is not None
+    assert shared[1].ttft_s > own[1].ttft_s * 1.5  # both prefills ran at once on one core
