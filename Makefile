@@ -101,3 +101,8 @@ bench-fidelity: venv model ## Real system (epdctl up + bench) vs simulator for 3
 	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --out benchmarks/results/fidelity-cpu.json
 
 .PHONY: bench-plan bench-fidelity
+
+bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, router hop (tiny model, JSON)
+	$(EPDCTL) bench-disagg --model $(MODEL_DIR) --out benchmarks/results/disagg-cpu.json
+
+.PHONY: bench-disagg
