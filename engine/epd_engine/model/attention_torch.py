@@ -108,13 +108,14 @@ class TorchPagedAttention:
             if q_len == context_len:  # nothing cached before: attend over this step's K/V
                 # Heads expanded by hand: with enable_gqa CPU SDPA leaves its flash path (2x).
                 group = num_q_heads // num_kv_heads
+                # 4-D inputs: CPU SDPA takes its flash path only with a batch dimension (10x)
                 out[start:end] = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1),  # [Hq, q_len, D]
-                    k[start:end].repeat_interleave(group, 1).transpose(0, 1),  # [Hq, q_len, D]
-                    v[start:end].repeat_interleave(group, 1).transpose(0, 1),
+                    q[start:end].transpose(0, 1)[None],  # [1, Hq, q_len, D]
+                    k[start:end].repeat_interleave(group, 1).transpose(0, 1)[None],
+                    v[start:end].repeat_interleave(group, 1).transpose(0, 1)[None],
                     is_causal=True,
                     scale=scale,
-                ).transpose(0, 1)
+                )[0].transpose(0, 1)
                 continue
             k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], context_len, meta.block_size)
             # Query j sits at position context_len - q_len + j and sees keys 0..that position.
@@ -122,14 +123,14 @@ class TorchPagedAttention:
             k_pos = torch.arange(context_len, device=q.device)  # [ctx]
             mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
             seq_out = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1),  # [Hq, q_len, D]
-                k_ctx.to(q.dtype).transpose(0, 1),  # [Hkv, ctx, D]
-                v_ctx.to(q.dtype).transpose(0, 1),
+                q[start:end].transpose(0, 1)[None],  # [1, Hq, q_len, D]
+                k_ctx.to(q.dtype).transpose(0, 1)[None],  # [1, Hkv, ctx, D]
+                v_ctx.to(q.dtype).transpose(0, 1)[None],
                 attn_mask=mask,
                 scale=scale,
                 enable_gqa=gqa,
-            )  # [Hq, q_len, D]
-            out[start:end] = seq_out.transpose(0, 1)
+            )  # [1, Hq, q_len, D]
+            out[start:end] = seq_out[0].transpose(0, 1)
         if decodes:
             rows = [meta.query_start_loc[seq] for seq in decodes]
             out[rows] = _decode_batch(
