@@ -50,6 +50,8 @@ def models_volume(cluster: Cluster, ns: str) -> None:
          "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "manual",
                   "resources": {"requests": {"storage": "100Gi"}}}},
     ]  # fmt: skip
+    # a PV left Released by an earlier run (reused cluster) would never bind again
+    cluster.kubectl("delete", "pv", f"models-{ns}", "--ignore-not-found", "--timeout=60s")
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
