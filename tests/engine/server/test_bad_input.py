@@ -104,3 +104,21 @@ def test_malformed_json_gets_400_and_server_keeps_serving(instance_url: str) -> 
 
 def test_oversized_image_fixture_really_is_over_the_limit() -> None:
     assert len(png_bytes(1, (400, 400))) > 300_000
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/internal/requests"),
+        ("POST", "/internal/migrations"),
+        ("POST", "/internal/migrations/x/pages"),
+        ("POST", "/internal/migrations/x/release"),
+    ],
+)
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_internal_endpoints_need_the_shared_token(
+    instance_url: str, method: str, path: str, token: str | None
+) -> None:
+    headers = {"X-EPD-Token": token} if token else {}
+    response = httpx.request(method, f"{instance_url}{path}", json={}, headers=headers)
+    assert_openai_error(response, 403, "X-EPD-Token")
