@@ -14,7 +14,6 @@ SLO that attainment can no longer pass (the plan search only needs pass / fail).
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -249,8 +248,3 @@ def simulate(
 ) -> SimResult:
     """Simulate ``plan`` serving ``records`` (arrivals as given)."""
     return Simulator(plan, cost, slo, host_cores=host_cores).run(records, stop_on_failure)
-
-
-def max_misses(num_requests: int, slo: SLO) -> int:
-    """Most requests that may miss while attainment still passes (``bench.slo.passes``)."""
-    return num_requests - math.ceil((slo.attainment - 1e-12) * num_requests)
