@@ -162,6 +162,7 @@ class LLMEngine:
 
     def add(self, request: Request, pixel_values: list[torch.Tensor] | None = None) -> Request:
         self.scheduler.add(request)  # raises ValueError when it can never fit
+        self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []
         self._params[request.request_id] = request.sampling
         self._mark_ready(request)

@@ -69,7 +69,7 @@ class InflightRequest:
         if self.holder and (not self.instances or self.instances[-1] != self.holder):
             self.instances.append(self.holder)
         pool = event.get("pool")
-        if pool and (not self.path or self.path[-1] != pool):
+        if pool and pool not in self.path:  # late events from an earlier pool add nothing
             self.path.append(pool)
 
     def _drain(self) -> None:

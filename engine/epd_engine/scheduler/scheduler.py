@@ -67,6 +67,11 @@ class Scheduler:
     # ---- queue management -------------------------------------------------------------
     def add(self, request: Request) -> None:
         self.check_fits(request)
+        stale = self.migrating.pop(request.request_id, None)
+        if stale is not None:
+            # The request came back here (ED+P: encoded here, decodes here) before the
+            # release of its parked copy arrived; that copy's pages were pulled already.
+            self._release_pages(stale)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -170,13 +175,14 @@ class Scheduler:
     def pull_done(self, request_id: str) -> None:
         """The migrated-in pages are filled: the request can run its stages here."""
         request = self.requests.get(request_id)
-        if request is not None and request.pulling:
-            request.pulling = False
-            request.pull = None
-            if request.num_encoded_images and self.images is not None:
-                for image, slot in zip(request.images, self.images.slots(request_id), strict=True):
-                    if not slot.cached:
-                        self.images.mark_encoded(image.content_hash, slot)
+        if request is None or not request.pulling or request.pull is None:
+            return
+        if request.pull.kind is CacheKind.IMAGE and self.images is not None:
+            for image, slot in zip(request.images, self.images.slots(request_id), strict=True):
+                if not slot.cached:  # pulled just now: publish for later requests
+                    self.images.mark_encoded(image.content_hash, slot)
+        request.pulling = False
+        request.pull = None
 
     def pull_failed(self, request_id: str) -> bool:
         """The source is gone: recompute here if this role can (True), else give it up."""

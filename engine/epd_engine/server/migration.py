@@ -24,7 +24,7 @@ from epd_engine.router.policy import InstanceLoad, LeastLoaded
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import PullTask
 from epd_engine.server.router_link import RouterLink
-from epd_engine.transfer.backend import TransferBackend, TransferError
+from epd_engine.transfer.backend import TransferBackend
 from epd_engine.transfer.messages import (
     ImageInfo,
     MigrationOffer,
@@ -67,7 +67,16 @@ class MigrationManager:
 
     # ---- source side ------------------------------------------------------------------
     def on_handoff(self, request: Request, stream: Stream) -> None:
-        self._spawn(self._handoff(request, stream))
+        self._spawn(self._handoff_or_reroute(request, stream))
+
+    async def _handoff_or_reroute(self, request: Request, stream: Stream) -> None:
+        try:
+            await self._handoff(request, stream)
+        except Exception as exc:  # never leave a parked request without an owner
+            log.exception("handoff of %s failed", request.request_id)
+            self.release(request.request_id)
+            assert stream.routing is not None
+            await self.link.retry(stream.routing, f"handoff failed: {exc!r}")
 
     async def _handoff(self, request: Request, stream: Stream) -> None:
         assert stream.routing is not None
@@ -207,18 +216,26 @@ class MigrationManager:
             tensors = {}
             for query in self._queries(task):
                 tensors.update(await self.backend.fetch(task.source_url, task.request_id, query))
-        except TransferError as exc:
-            log.warning("pull of %s failed: %s", task.request_id, exc)
+        except Exception as exc:  # TransferError or a malformed payload: never hang
+            log.warning("pull of %s failed: %r", task.request_id, exc)
             await self._pull_failed(task, str(exc))
             return
+
+        # Read before landing: once landed, the engine may finish its stage and hand the
+        # request on (dropping the stream) before this coroutine runs again.
+        stream = self.engine.streams.get(task.request_id)
 
         def land() -> None:
             self.engine.engine.import_pages(task, tensors)
             self.engine.engine.scheduler.pull_done(task.request_id)
 
-        await self.engine.call_async(land)
+        try:
+            await self.engine.call_async(land)
+        except Exception as exc:  # a bad payload must not leave the request waiting
+            log.exception("landing the pull of %s failed", task.request_id)
+            await self._pull_failed(task, f"cannot store pulled pages: {exc!r}")
+            return
         seconds = time.monotonic() - start
-        stream = self.engine.streams.get(task.request_id)
         if stream is not None and stream.routing is not None:
             self.link.send_raw(
                 {

@@ -175,3 +175,63 @@ def test_decode_only_instance_out_of_pages_evicts_instead_of_hanging() -> None:
     assert evicted == [requests[1].request_id]
     assert requests[1].status is RequestStatus.FINISHED_ERROR
     assert len(requests[0].output_token_ids) > 5
+
+
+def test_kv_pull_into_a_role_with_an_image_cache_completes() -> None:
+    """ED+P: the ED instance pulls KV for an image request it holds no image pages for."""
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.ED)
+    r = make_request(num_prompt_tokens=4, image_hashes=("a",), max_tokens=3)
+    r.num_encoded_images = 1
+    r.num_computed_tokens = r.num_prompt_tokens
+    r.output_token_ids = [7]
+    r.pull = PullSpec(CacheKind.KV, "http://p", "p-0")
+    s.add(r)
+    out, _ = run_step(s)
+    assert [p.kind for p in out.pulls] == [CacheKind.KV]
+    s.pull_done(r.request_id)
+    assert not r.pulling
+    run_step(s)
+    run_step(s)
+    assert r.output_token_ids == [7, 7, 7] and r.status is RequestStatus.FINISHED_LENGTH
+
+
+def test_image_pull_publishes_the_pulled_image_for_later_hits() -> None:
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.P)
+    r = make_request(image_hashes=("pulled",), max_tokens=1)
+    r.num_encoded_images = 1
+    r.pull = PullSpec(CacheKind.IMAGE, "http://e", "e-0")
+    s.add(r)
+    out, _ = run_step(s)
+    assert list(out.pulls[0].image_blocks) == [0]
+    s.pull_done(r.request_id)
+    assert s.images is not None and s.images.pool.contains("pulled")
+
+
+def test_request_returning_before_its_parked_copy_is_released_gets_clean_pages() -> None:
+    """ED+P on one ED instance: encoded here, parked; its KV comes back here for decode
+    before the P instance's release of the parked image pages has arrived."""
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.ED)
+    r = make_request(num_prompt_tokens=4, image_hashes=("a",), max_tokens=2)
+    s.add(r)
+    run_step(s)
+    assert r.request_id in s.migrating
+    back = make_request(num_prompt_tokens=4, image_hashes=("a",), max_tokens=2)
+    back.request_id = r.request_id
+    back.num_encoded_images = 1
+    back.num_computed_tokens = back.num_prompt_tokens
+    back.output_token_ids = [7]
+    back.pull = PullSpec(CacheKind.KV, "http://p", "p-0")
+    s.add(back)
+    assert r.request_id not in s.migrating
+    run_step(s)
+    s.pull_done(back.request_id)
+    s.release_migrated(back.request_id)  # the late release must not touch the new copy
+    run_step(s)
+    assert back.output_token_ids == [7, 7] and back.status is RequestStatus.FINISHED_LENGTH
+    assert s.kv is not None and s.kv.pool.num_used == 0
