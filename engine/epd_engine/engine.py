@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -134,10 +135,11 @@ class LLMEngine:
         return _best_of(lambda: self.runner.forward([task]))
 
     def _time_encode(self, num_images: int) -> float:
-        assert self.runner.vision is not None
+        vision = self.runner.vision
+        assert vision is not None
         size = self.model_config.image_size
         pixels = torch.zeros(num_images, 3, size, size, dtype=self.runner.dtype)
-        return _best_of(lambda: self.runner.vision(pixels.to(self.runner.device)))
+        return _best_of(lambda: vision(pixels.to(self.runner.device)))
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -289,9 +291,8 @@ class LLMEngine:
             self._stage_started.pop((request_id, stage), None)
 
 
-def _best_of(run: object, repeats: int = 3) -> float:
+def _best_of(run: Callable[[], object], repeats: int = 3) -> float:
     """Fastest of a few runs: iteration time without scheduling noise (first run warms up)."""
-    assert callable(run)
     run()
     best = float("inf")
     for _ in range(repeats):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from epd_engine.router.policy import InstanceLoad
 
@@ -55,5 +55,4 @@ class Registry:
         """Count a request we just sent there, so bursts between heartbeats spread out."""
         entry = self._entries.get(instance_id)
         if entry is not None:
-            load = entry.load
-            entry.load = InstanceLoad(**{**load.__dict__, "num_waiting": load.num_waiting + 1})
+            entry.load = replace(entry.load, num_waiting=entry.load.num_waiting + 1)
