@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from epd_operator import resources as r
 from epd_operator.kube import Kube
-from epd_operator.loop import Observed, choose_plan, rollout_step, same_plan
+from epd_operator.loop import Observed, WorkloadStats, choose_plan, rollout_step, same_plan
 from epd_operator.prometheus import Prometheus
 from epd_operator.router_api import RouterAPI
 from epd_operator.spec import (
@@ -22,6 +22,7 @@ from epd_operator.spec import (
     EPDDeploymentSpec,
     EPDDeploymentStatus,
     PlanStatus,
+    WorkloadSnapshot,
 )
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
@@ -37,6 +38,34 @@ def _ts(t: datetime) -> str:
 
 def _parse_ts(text: str) -> datetime | None:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
+
+
+def _milli(x: float | None) -> int | None:
+    return None if x is None else round(x * 1000)
+
+
+def snapshot(stats: WorkloadStats) -> WorkloadSnapshot:
+    return WorkloadSnapshot(
+        num_requests=stats.num_requests,
+        request_rate_milli_rps=round(stats.request_rate_rps * 1000),
+        mean_prompt_tokens=None
+        if stats.mean_prompt_tokens is None
+        else round(stats.mean_prompt_tokens),
+        mean_images_milli=_milli(stats.mean_images),
+        mean_output_tokens=None
+        if stats.mean_output_tokens is None
+        else round(stats.mean_output_tokens),
+    )
+
+
+def from_snapshot(snap: WorkloadSnapshot) -> WorkloadStats:
+    return WorkloadStats(
+        num_requests=snap.num_requests,
+        request_rate_rps=snap.request_rate_milli_rps / 1000,
+        mean_prompt_tokens=snap.mean_prompt_tokens,
+        mean_images=None if snap.mean_images_milli is None else snap.mean_images_milli / 1000,
+        mean_output_tokens=snap.mean_output_tokens,
+    )
 
 
 def _status(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
@@ -118,7 +147,12 @@ def reconcile(
         stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
     last_planned = _parse_ts(status.last_planned)
     since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
-    plan = choose_plan(spec, status.plan, stats, None, since_plan)
+    planned_on = from_snapshot(status.planned_on) if status.planned_on else None
+    plan, replanned = choose_plan(spec, status.plan, stats, planned_on, since_plan)
+    new_planned_on = status.planned_on
+    if replanned:
+        last_planned = now
+        new_planned_on = snapshot(stats) if stats is not None else None
     plan_status = status.plan
     if plan_status is None or not same_plan(plan_status.to_plan(), plan):
         revision = plan_status.revision + 1 if plan_status else 1
@@ -180,5 +214,6 @@ def reconcile(
         ready_pools=f"{ready}/{len(desired)}",
         draining_since=_ts(decision.draining_since) if decision.draining_since else "",
         last_planned=_ts(last_planned) if last_planned else "",
+        planned_on=new_planned_on,
     )
     return new.model_dump(mode="json", by_alias=True)

@@ -330,14 +330,14 @@ def choose_plan(
     planned_on: WorkloadStats | None,
     seconds_since_plan: float,
     planner: Planner = heuristic_plan,
-) -> Plan:
+) -> tuple[Plan, bool]:
     """The plan to run now. Fixed: the spec's. Auto: keep the current plan unless the
     interval passed, the window has enough requests, and the workload shifted enough or the
-    live SLO attainment fell below the target."""
+    live SLO attainment fell below the target. Returns (plan, whether the planner ran)."""
     if spec.disaggregation.mode == "Fixed":
-        return fixed_plan(spec)
+        return fixed_plan(spec), False
     if current is None:
-        return planner(spec, stats)
+        return planner(spec, stats), True
     prof = spec.profiler
     if (
         stats is not None
@@ -352,8 +352,8 @@ def choose_plan(
             )
         )
     ):
-        return planner(spec, stats)
-    return current.to_plan()
+        return planner(spec, stats), True
+    return current.to_plan(), False
 
 
 def same_plan(a: Plan, b: Plan) -> bool:

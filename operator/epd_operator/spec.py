@@ -355,6 +355,16 @@ class PoolStatus(_Model):
     state: Literal["Starting", "Active", "Draining"]
 
 
+class WorkloadSnapshot(_Model):
+    """The live workload the current plan was made on (integers; rates in milli-units)."""
+
+    num_requests: int = Field(ge=0)
+    request_rate_milli_rps: int = Field(ge=0)
+    mean_prompt_tokens: int | None = None
+    mean_images_milli: int | None = None
+    mean_output_tokens: int | None = None
+
+
 class EPDDeploymentStatus(_Model):
     observed_generation: int = 0
     conditions: list[Condition] = Field(default_factory=list)
@@ -366,6 +376,9 @@ class EPDDeploymentStatus(_Model):
     ready_pools: str = Field(default="", description="Ready pools of the plan, e.g. `3/3`.")
     draining_since: str = Field(default="", description="RFC 3339 time the current drain started.")
     last_planned: str = Field(default="", description="RFC 3339 time of the last (re-)plan.")
+    planned_on: WorkloadSnapshot | None = Field(
+        default=None, description="Workload of the last re-plan (Auto mode)."
+    )
 
 
 # --- the object and loaders ------------------------------------------------------------------

@@ -158,14 +158,15 @@ def test_unschedulable_pools_are_degraded_with_reason() -> None:
 
 def test_choose_plan_fixed_and_auto() -> None:
     fixed = EPDDeploymentSpec.model_validate(make_spec_dict())
-    assert choose_plan(fixed, None, None, None, 0).describe() == "E+P+D 1E2P1D"
+    assert choose_plan(fixed, None, None, None, 0)[0].describe() == "E+P+D 1E2P1D"
     auto = EPDDeploymentSpec.model_validate(make_spec_dict(disaggregation={"mode": "Auto"}))
-    first = choose_plan(auto, None, None, None, 0)
+    first, ran = choose_plan(auto, None, None, None, 0)
+    assert ran
     assert first.num_instances <= 8
     current = PlanStatus.from_plan(first, 1)
     stats = WorkloadStats(500, 2.0, 100.0, 3.0, 50.0)
-    assert choose_plan(auto, current, stats, None, 10).describe() == first.describe()  # too soon
-    replanned = choose_plan(auto, current, stats, None, 10_000)
+    assert choose_plan(auto, current, stats, None, 10) == (first, False)  # too soon
+    replanned, _ = choose_plan(auto, current, stats, None, 10_000)
     assert replanned.num_instances <= 8 and replanned.pools[Role.E] > first.pools[Role.E]
 
 
@@ -175,9 +176,10 @@ def test_auto_replans_when_slo_attainment_drops() -> None:
     before = WorkloadStats(500, 2.0, slo_attainment=0.95)
     ok = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.95)
     bad = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.5)
-    same = choose_plan(auto, current, ok, before, 10_000)
+    same, ran = choose_plan(auto, current, ok, before, 10_000)
+    assert not ran
     assert same.describe() == current.to_plan().describe()  # no shift, SLOs met: keep
-    replanned = choose_plan(auto, current, bad, before, 10_000)
+    replanned, _ = choose_plan(auto, current, bad, before, 10_000)
     assert replanned.pools[Role.E] > current.to_plan().pools[Role.E]
 
 
