@@ -246,9 +246,9 @@ class LLMEngine:
 
     def release_migrated(self, request_id: str) -> None:
         """Step 4 on the source: the target has the pages."""
-        self.scheduler.release_migrated(request_id)
-        self._offered.discard(request_id)
-        self._forget(request_id)
+        if self.scheduler.release_migrated(request_id):
+            self._offered.discard(request_id)
+            self._forget(request_id)
 
     def export_pages(self, request_id: str, query: PagesQuery) -> dict[str, torch.Tensor]:
         """Step 3 on the source: the contents of a parked request's pages."""

@@ -103,12 +103,17 @@ class Scheduler:
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         return request
 
-    def release_migrated(self, request_id: str) -> None:
-        """The target confirmed its pull: free the pages this instance held for it."""
+    def release_migrated(self, request_id: str) -> bool:
+        """The target confirmed its pull: free the pages this instance held for it.
+
+        False when nothing was parked under that id (already released, or the request has
+        come back here as a new copy, which must be left alone)."""
         request = self.migrating.pop(request_id, None)
-        if request is not None:
-            self._release_pages(request)
-            self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self._release_pages(request)
+        self.requests.pop(request_id, None)
+        return True
 
     @property
     def num_unfinished(self) -> int:

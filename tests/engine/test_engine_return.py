@@ -1,0 +1,62 @@
+"""ED+P on one ED instance: the request is encoded here, parked for P, and its KV comes back
+here for decode before P's release of the parked copy arrives (a real race seen under load)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from epd_engine.config import EngineConfig, Role
+from epd_engine.engine import LLMEngine
+from epd_engine.processor import PreparedPrompt
+from epd_engine.request import CacheKind, ImageRef, PullSpec, Request
+from epd_engine.sampling import SamplingParams
+from epd_engine.transfer.messages import PagesQuery
+
+
+def test_late_release_of_parked_copy_leaves_the_returned_request_running(
+    tiny_model_dir: Path,
+) -> None:
+    engine = LLMEngine(
+        EngineConfig(model_dir=tiny_model_dir, role=Role.ED, token_budget=64, image_budget=2)
+    )
+    mc = engine.model_config
+    prompt_ids = [1] + [mc.image_token_index] * mc.num_image_tokens + [5, 6, 7]
+    image = ImageRef("hash-a", offset=1, num_tokens=mc.num_image_tokens)
+    pixels = [torch.zeros(3, mc.image_size, mc.image_size)]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("r", PreparedPrompt(prompt_ids, [image], pixels), params, frozenset())
+    engine.step()  # encode; the request now waits for P
+    assert [r.request_id for r in engine.take_handoffs()] == ["r"]
+    kv = engine.export_pages("r", PagesQuery(kind=CacheKind.IMAGE, image_indices=[0]))
+    assert kv["image.0"].shape[0] == mc.num_image_tokens
+
+    back = Request(
+        request_id="r",
+        prompt_token_ids=prompt_ids,
+        sampling=params,
+        images=[image],
+        num_encoded_images=1,
+        num_computed_tokens=len(prompt_ids),
+        output_token_ids=[9],
+        pull=PullSpec(CacheKind.KV, "http://p", "p-0"),
+    )
+    engine.add(back)
+    _, stats = engine.step()
+    (pull,) = stats.pulls
+    zeros = {
+        f"kv.{layer}": torch.zeros_like(engine.runner.kv_caches[layer][: len(pull.kv_blocks)])
+        for layer in range(mc.num_layers)
+    }
+    used = -(-pull.num_kv_tokens // engine.config.kv_block_size)
+    engine.import_pages(dataclasses.replace(pull, kv_blocks=pull.kv_blocks[:used]), zeros)
+    engine.scheduler.pull_done("r")
+    engine.release_migrated("r")  # P's late release of the parked image copy
+    finished = []
+    while engine.has_work():
+        events, _ = engine.step()
+        finished += [e for e in events if e.finish_reason]
+    assert [e.finish_reason for e in finished] == ["length"]
+    assert len(back.output_token_ids) == 3
