@@ -73,6 +73,12 @@ class Cluster:
         proc = self.kubectl("get", *args, "-o", "json", "--ignore-not-found", check=True)
         return json.loads(proc.stdout) if proc.stdout.strip() else None
 
+    def api_client(self) -> Any:
+        """A kubernetes ApiClient (admin), for tight polling loops where kubectl is too slow."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
     def items(self, *args: str) -> list[dict[str, Any]]:
         """The items of ``kubectl get KIND ...`` (empty when there are none)."""
         found = self.get(*args)

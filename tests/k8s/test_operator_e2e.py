@@ -55,7 +55,7 @@ def models_volume(cluster: Cluster, ns: str) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
 
-def wait_ready(cluster: Cluster, ns: str, timeout_s: float = 90) -> dict:
+def wait_ready(cluster: Cluster, ns: str, timeout_s: float = 180) -> dict:
     def ready() -> dict | None:
         obj = epd(cluster, ns)
         done = (
@@ -67,6 +67,52 @@ def wait_ready(cluster: Cluster, ns: str, timeout_s: float = 90) -> dict:
         return obj if done else None
 
     return wait_until("EPDDeployment Ready and not Progressing", ready, timeout_s)
+
+
+def observe_rollout(cluster: Cluster, ns: str, old_pools: set[str]) -> list[dict[str, Any]]:
+    """Poll (pools, status, pools) until the rollout completes: each snapshot brackets the
+    status read between two listings, so the checks hold whatever happens in between."""
+    from kubernetes import client
+
+    api = cluster.api_client()
+    apps, custom = client.AppsV1Api(api), client.CustomObjectsApi(api)
+
+    def pools() -> dict[str, bool]:
+        deps = apps.list_namespaced_deployment(
+            ns, label_selector="app.kubernetes.io/component=engine"
+        )
+        return {
+            d.metadata.name: (d.status.ready_replicas or 0) >= d.spec.replicas
+            for d in deps.items
+            if d.metadata.deletion_timestamp is None
+        }
+
+    snapshots: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        before = pools()
+        obj = custom.get_namespaced_custom_object(
+            "epd.serving.dev", "v1alpha1", ns, "epddeployments", NAME
+        )
+        after = pools()
+        snap = {
+            "pools_before": before,
+            "pools_after": after,
+            "active": set(obj["status"].get("activePools", [])),
+            "progressing": condition(obj, "Progressing").get("reason"),
+            "generation_seen": condition(obj, "Ready").get("observedGeneration"),
+            "generation": obj["metadata"]["generation"],
+        }
+        snapshots.append(snap)
+        if (
+            snap["generation_seen"] == snap["generation"]
+            and snap["progressing"] == "RolloutComplete"
+            and set(after).isdisjoint(old_pools)
+        ):
+            break
+        time.sleep(0.1)
+    api.close()
+    return snapshots
 
 
 def test_crd_is_established_with_short_name_and_columns(cluster: Cluster) -> None:
@@ -149,48 +195,28 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
         }
     }
     cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "merge", "-p", json.dumps(patch))
-    snapshots: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        obj = epd(cluster, ns)
-        deps = engine_deployments(cluster, ns)
-        snapshots.append(
-            {
-                "pools": {
-                    n: (d.get("status") or {}).get("readyReplicas", 0) >= d["spec"]["replicas"]
-                    for n, d in deps.items()
-                },
-                "active": set(obj["status"].get("activePools", [])),
-                "progressing": condition(obj, "Progressing").get("reason"),
-                "generation_seen": condition(obj, "Ready").get("observedGeneration"),
-                "generation": obj["metadata"]["generation"],
-            }
-        )
-        last = snapshots[-1]
-        if (
-            last["generation_seen"] == last["generation"]
-            and last["progressing"] == "RolloutComplete"
-            and set(last["pools"]).isdisjoint(old_pools)
-        ):
-            break
-        time.sleep(0.2)
+    snapshots = observe_rollout(cluster, ns, old_pools)
     final = snapshots[-1]
-    new_pools = set(final["pools"])
+    new_pools = set(final["pools_after"])
     assert final["progressing"] == "RolloutComplete", snapshots[-5:]
     assert new_pools and new_pools.isdisjoint(old_pools)
     assert final["active"] == new_pools
 
     # 1) the router only ever routes to a complete plan whose pools exist and are Ready
+    #    (in the listing taken just before or just after the status read)
     for snap in snapshots:
         assert snap["active"] in (old_pools, new_pools), snap
-        assert all(snap["pools"].get(p) for p in snap["active"]), snap
-    # 2) new pools existed (all Ready) next to the old ones before the switch
+        ready = {p for p, ok in {**snap["pools_before"], **snap["pools_after"]}.items() if ok}
+        assert snap["active"] <= ready, snap
+    # 2) new pools existed next to the old ones before the switch
     switch = next(i for i, s in enumerate(snapshots) if s["active"] == new_pools)
-    assert any(new_pools <= set(s["pools"]) and old_pools <= set(s["pools"])
-               for s in snapshots[: switch + 1]), snapshots[: switch + 1]  # fmt: skip
+    assert any(
+        new_pools | old_pools <= set(s["pools_before"]) | set(s["pools_after"])
+        for s in snapshots[: switch + 1]
+    ), snapshots[: switch + 1]
     # 3) old pools were deleted only after the switch, after a Draining phase
-    first_gone = next(i for i, s in enumerate(snapshots) if not old_pools <= set(s["pools"]))
-    assert first_gone >= switch
+    first_gone = next(i for i, s in enumerate(snapshots) if not old_pools <= set(s["pools_before"]))
+    assert first_gone > switch
     assert "Draining" in [s["progressing"] for s in snapshots[switch:]]
     obj = wait_ready(cluster, ns)
     assert (obj["status"]["plan"]["method"], obj["status"]["plan"]["summary"]) == ("EP+D", "2EP2D")
@@ -213,7 +239,7 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
             left += [f"{kind}/{i['metadata']['name']}" for i in items]
         return left
 
-    wait_until("garbage collection of every child", lambda: not children_left() or None, 90)
+    wait_until("garbage collection of every child", lambda: not children_left() or None, 180)
 
 
 def test_more_gpus_than_the_nodes_have_is_degraded(
@@ -231,7 +257,7 @@ def test_more_gpus_than_the_nodes_have_is_degraded(
         c = condition(epd(cluster, namespace, "huge"), "Degraded")
         return c if c.get("status") == "True" else None
 
-    c = wait_until("Degraded condition", degraded, 60)
+    c = wait_until("Degraded condition", degraded, 120)
     assert c["reason"] == "InsufficientGPUs"
     assert "Insufficient nvidia.com/gpu" in c["message"]
     obj = epd(cluster, namespace, "huge")
@@ -250,7 +276,7 @@ def test_budget_too_small_for_a_surge_says_capacity_drops(cluster: Cluster, name
     wait_until(
         "first plan Ready",
         lambda: condition(epd(cluster, namespace, "tight"), "Ready").get("status") == "True",
-        90,
+        180,
     )
 
     pools = {"E": None, "P": None, "EP": 2, "D": 1}  # 4 GPUs -> 3 GPUs; both at once need 7 > 5
@@ -259,7 +285,7 @@ def test_budget_too_small_for_a_surge_says_capacity_drops(cluster: Cluster, name
         "patch", "epd", "tight", "-n", namespace, "--type", "merge", "-p", json.dumps(patch)
     )
     reasons, max_gpus = set(), 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         obj = epd(cluster, namespace, "tight") or {}
         reasons.add(condition(obj, "Progressing").get("reason"))
@@ -299,7 +325,7 @@ def test_auto_mode_starts_from_a_plan_within_the_budget(cluster: Cluster, namesp
         ready = condition(obj, "Ready").get("status") == "True"
         return obj if ready and condition(obj, "Progressing").get("status") == "False" else None
 
-    obj = wait_until("Auto EPDDeployment Ready", planned, 90)
+    obj = wait_until("Auto EPDDeployment Ready", planned, 180)
     plan = obj["status"]["plan"]
     gpus = sum(n for n in plan["pools"].values() if n)
     assert 1 <= gpus <= obj["spec"]["gpuBudget"]
