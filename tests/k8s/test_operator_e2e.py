@@ -69,13 +69,17 @@ def wait_ready(cluster: Cluster, ns: str, timeout_s: float = 180) -> dict:
     return wait_until("EPDDeployment Ready and not Progressing", ready, timeout_s)
 
 
-def observe_rollout(cluster: Cluster, ns: str, old_pools: set[str]) -> list[dict[str, Any]]:
-    """Poll (pools, status, pools) until the rollout completes: each snapshot brackets the
-    status read between two listings, so the checks hold whatever happens in between."""
+def observe_rollout(
+    cluster: Cluster, ns: str, old_pools: set[str], patch: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Apply ``patch`` and poll (pools, status, pools) until the rollout completes. Each
+    snapshot brackets the status read between two listings, so the checks hold whatever
+    happens in between. Clients are ready before the patch: the first snapshot is immediate."""
     from kubernetes import client
 
     api = cluster.api_client()
     apps, custom = client.AppsV1Api(api), client.CustomObjectsApi(api)
+    group = ("epd.serving.dev", "v1alpha1", ns, "epddeployments", NAME)
 
     def pools() -> dict[str, bool]:
         deps = apps.list_namespaced_deployment(
@@ -87,13 +91,13 @@ def observe_rollout(cluster: Cluster, ns: str, old_pools: set[str]) -> list[dict
             if d.metadata.deletion_timestamp is None
         }
 
+    pools()  # warm the connection
+    custom.patch_namespaced_custom_object(*group, patch)  # dict body: JSON merge patch
     snapshots: list[dict[str, Any]] = []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         before = pools()
-        obj = custom.get_namespaced_custom_object(
-            "epd.serving.dev", "v1alpha1", ns, "epddeployments", NAME
-        )
+        obj = custom.get_namespaced_custom_object(*group)
         after = pools()
         snap = {
             "pools_before": before,
@@ -194,8 +198,7 @@ def test_fixed_plan_rollout_and_safe_plan_change(cluster: Cluster, namespace: st
             "rollout": {"drainTimeoutSeconds": 3},
         }
     }
-    cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "merge", "-p", json.dumps(patch))
-    snapshots = observe_rollout(cluster, ns, old_pools)
+    snapshots = observe_rollout(cluster, ns, old_pools, patch)
     final = snapshots[-1]
     new_pools = set(final["pools_after"])
     assert final["progressing"] == "RolloutComplete", snapshots[-5:]
