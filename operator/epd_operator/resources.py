@@ -235,6 +235,7 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
         "--served-model-name", spec.model.name,
         "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
         "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
+        "--transfer-backend", engine.transfer_backend,
     ]  # fmt: skip
     if spec.model.source.preset is not None:
         args += ["--preset", spec.model.source.preset]
@@ -272,10 +273,7 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["epdctl"],
         "args": engine_args(owner, pool, plan),
-        "env": [
-            _token_env(owner),
-            {"name": "EPD_TRANSFER_BACKEND", "value": engine.transfer_backend},
-        ],
+        "env": [_token_env(owner)],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "readinessProbe": _probe("/health/ready", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),

@@ -239,7 +239,9 @@ class EngineSpec(_Model):
     num_image_blocks: int = Field(
         default=64, ge=1, description="Pages of the image-embedding cache."
     )
-    transfer_backend: Literal["tcp", "cuda_ipc", "nccl"] = "tcp"
+    transfer_backend: Literal["tcp", "cuda_ipc", "nccl"] = Field(
+        default="tcp", description="Cache migration backend; this release implements tcp."
+    )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
+
+from epd_engine.cli import UserError
 from epd_engine.config import Method, Role
 from epd_engine.plan import Plan
 from epd_operator import resources as r
@@ -123,7 +127,7 @@ def test_pod_command_lines_parse_with_the_real_epdctl() -> None:
     """The engine and router args the operator renders are accepted by ``epdctl``'s parser."""
     from epd_engine.cli import build_parser
 
-    owner = make_owner(engine={"kvBlockSize": 32, "numKvBlocks": 1024})
+    owner = make_owner(engine={"kvBlockSize": 32, "numKvBlocks": 1024, "transferBackend": "nccl"})
     parser = build_parser()
     for pool in r.pool_specs(owner, PLAN):
         container = r.render_pool_deployment(owner, pool, PLAN)["spec"]["template"]["spec"][
@@ -134,6 +138,19 @@ def test_pod_command_lines_parse_with_the_real_epdctl() -> None:
         assert args.kv_block_size == 32 and args.num_kv_blocks == 1024
         assert args.router_url == "http://demo-router.serving.svc:8080"
         assert args.slo_tpot == 0.08
+        assert args.transfer_backend == "nccl"
     router = r.render_router_deployment(owner)["spec"]["template"]["spec"]["containers"][0]
     args = parser.parse_args(router["args"])
     assert (args.command, args.port) == ("router", 8080)
+
+
+def test_engine_refuses_a_transfer_backend_it_does_not_implement(tmp_path: Path) -> None:
+    """A reserved backend fails fast with a message naming what works, not a crash later."""
+    from epd_engine.cli import build_parser
+    from epd_engine.commands.serve import run
+
+    args = build_parser().parse_args(
+        ["serve", "--model", str(tmp_path), "--transfer-backend", "cuda_ipc"]
+    )
+    with pytest.raises(UserError, match="'cuda_ipc' is not available in this build; use one of"):
+        run(args)

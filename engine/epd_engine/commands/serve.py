@@ -8,6 +8,7 @@ from pathlib import Path
 
 from epd_engine.cli import UserError
 from epd_engine.config import SLO, EngineConfig, Role
+from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--instance-id", help="stable instance name (default: the advertise URL)")
     p.add_argument(
-        "--transfer-backend", default="tcp", choices=["tcp"], help="cache migration backend"
+        "--transfer-backend",
+        default="tcp",
+        choices=TRANSFER_BACKENDS,
+        help="cache migration backend (cuda_ipc and nccl are reserved for the GPU build)",
     )
     p.add_argument("--kv-layers-per-group", type=int, default=8)
     p.add_argument("--log-level", default="info")
@@ -86,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.transfer_backend not in AVAILABLE_TRANSFER_BACKENDS:
+        raise UserError(
+            f"transfer backend {args.transfer_backend!r} is not available in this build; "
+            f"use one of {', '.join(AVAILABLE_TRANSFER_BACKENDS)}"
+        )
     if args.preset and not (args.model / "config.json").exists():
         from epd_engine.model.make_model import make_model
 
