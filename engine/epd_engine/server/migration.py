@@ -33,6 +33,9 @@ from epd_engine.transfer.messages import (
 )
 
 log = logging.getLogger(__name__)
+# How long a source waits for a peer of the next stage to appear in its table before it
+# hands the request back to the router (longer than the router's 3 s instance timeout).
+TARGET_WAIT_S = 5.0
 
 
 class MigrationManager:
@@ -82,11 +85,7 @@ class MigrationManager:
         assert stream.routing is not None
         kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
         offer = self._offer(request, stream, kind)
-        candidates = [
-            i
-            for i in self.link.instances
-            if i.role.runs(request.next_stage) and i.instance_id != self.link.identity.instance_id
-        ]
+        candidates = await self._targets(request.next_stage)
         while candidates:
             target = self.policy.choose(candidates)
             candidates.remove(target)
@@ -95,6 +94,17 @@ class MigrationManager:
         log.error("no %s instance took %s", request.next_stage.value, request.request_id)
         self.engine.call(lambda: self.engine.engine.release_migrated(request.request_id))
         await self.link.retry(stream.routing, f"no instance for {request.next_stage.value}")
+
+    async def _targets(self, stage: Stage) -> list[InstanceLoad]:
+        """Peers that run ``stage``. An empty table waits a little: an instance learns of its
+        peers from heartbeat answers, so one that just started may not know them yet."""
+        deadline = time.monotonic() + TARGET_WAIT_S
+        while True:
+            me = self.link.identity.instance_id
+            found = [i for i in self.link.instances if i.role.runs(stage) and i.instance_id != me]
+            if found or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(self.link.heartbeat_s / 2)
 
     def _offer(self, request: Request, stream: Stream, kind: CacheKind) -> MigrationOffer:
         sched = self.engine.engine.scheduler
