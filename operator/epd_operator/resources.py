@@ -197,6 +197,14 @@ def _token_env(owner: Owner) -> dict[str, Any]:
     return {"name": "EPD_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": ref}}
 
 
+def _pod_identity_env() -> list[dict[str, Any]]:
+    """The downward API's pod IP and name, for the engine's advertise URL and instance id."""
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (("POD_IP", "status.podIP"), ("POD_NAME", "metadata.name"))
+    ]
+
+
 def _model_volume(owner: Owner) -> dict[str, Any]:
     source = owner.spec.model.source
     if source.pvc is not None:
@@ -236,6 +244,10 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
         "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
         "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
         "--transfer-backend", engine.transfer_backend,
+        # Peers and the router reach each replica at its own pod IP, under its pod name;
+        # Kubernetes expands $(VAR) in args from the container's env (_pod_identity_env).
+        "--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}",
+        "--instance-id", "$(POD_NAME)",
     ]  # fmt: skip
     if spec.model.source.preset is not None:
         args += ["--preset", spec.model.source.preset]
@@ -273,7 +285,7 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["epdctl"],
         "args": engine_args(owner, pool, plan),
-        "env": [_token_env(owner)],
+        "env": [_token_env(owner), *_pod_identity_env()],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "readinessProbe": _probe("/health/ready", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,23 @@ def test_pool_deployment_requests_gpus_and_probes_readiness(owner: Owner) -> Non
     selector = dep["spec"]["selector"]["matchLabels"]
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert r.ANNOTATION_HASH in dep["metadata"]["annotations"]
+
+
+def test_each_replica_advertises_its_own_pod_address(owner: Owner) -> None:
+    """Replicas of one pool must register distinct, reachable URLs: $(POD_IP)/$(POD_NAME)
+    are expanded by Kubernetes only when the container env defines them."""
+    for pool in r.pool_specs(owner, PLAN):
+        container = r.render_pool_deployment(owner, pool, PLAN)["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        args = container["args"]
+        assert args[args.index("--advertise-url") + 1] == "http://$(POD_IP):8000"
+        assert args[args.index("--instance-id") + 1] == "$(POD_NAME)"
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        referenced = set(re.findall(r"\$\((\w+)\)", " ".join(args)))
+        assert referenced <= set(env), f"args use undefined env vars: {referenced - set(env)}"
 
 
 def test_node_selector_tolerations_and_cpu_mode() -> None:
