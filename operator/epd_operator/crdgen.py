@@ -4,7 +4,7 @@
 
 Pydantic's JSON schema is turned into a Kubernetes *structural* schema: ``$ref`` inlined,
 ``Optional[X]`` (``anyOf [X, null]``) becomes ``X``, titles and ``additionalProperties: false``
-dropped, CEL rules kept as ``x-kubernetes-validations``. ``tests/operator/test_crd_drift.py``
+dropped, CEL rules kept as ``x-kubernetes-validations``. ``tests/operator/test_crd.py``
 fails when the committed YAML differs from what this produces.
 """
 

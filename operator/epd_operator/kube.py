@@ -1,8 +1,9 @@
 """The operator's only door to the API server (kubernetes client, synchronous).
 
 Every call here is one the chart's RBAC grants (charts/epd-operator/templates/rbac.yaml):
-deployments and services and configmaps (get/list/create/update/delete), secrets (get/create),
-pods (list, to explain unschedulable ones).
+deployments (get/list/create/update/delete), services (get/create/update/delete),
+configmaps (get/create/update), secrets (get/create), pods (list, to explain unschedulable
+ones).
 """
 
 from __future__ import annotations

@@ -281,6 +281,15 @@ class WorkloadStats:
 Planner = Callable[[EPDDeploymentSpec, WorkloadStats | None], Plan]
 
 
+def instances_allowed(spec: EPDDeploymentSpec) -> int:
+    """Instances the GPU budget pays for (at least one: a CPU engine needs no GPU)."""
+    return max(spec.gpu_budget // max(spec.engine.gpus_per_instance, 1), 1)
+
+
+def _instances(plan: PlanStatus) -> int:
+    return sum(plan.pools.as_dict().values())
+
+
 def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan:
     """A starting plan for ``mode: Auto`` until the trace-replay profiler has a trace.
 
@@ -289,7 +298,7 @@ def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan
     """
     from epd_engine.config import Method
 
-    n = spec.gpu_budget // max(spec.engine.gpus_per_instance, 1)
+    n = instances_allowed(spec)
     if n <= 1:
         return Plan(method=Method.EPD, pools={Role.EPD: 1}, reason="budget fits one instance")
     if n == 2:
@@ -336,8 +345,8 @@ def choose_plan(
     live SLO attainment fell below the target. Returns (plan, whether the planner ran)."""
     if spec.disaggregation.mode == "Fixed":
         return fixed_plan(spec), False
-    if current is None:
-        return planner(spec, stats), True
+    if current is None or _instances(current) != instances_allowed(spec):
+        return planner(spec, stats), True  # first plan, or the GPU budget changed
     prof = spec.profiler
     if (
         stats is not None

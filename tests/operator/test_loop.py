@@ -183,6 +183,22 @@ def test_auto_replans_when_slo_attainment_drops() -> None:
     assert replanned.pools[Role.E] > current.to_plan().pools[Role.E]
 
 
+def test_auto_replans_at_once_when_the_gpu_budget_changes() -> None:
+    """A lower budget must never keep a plan that no longer fits; a higher one is used."""
+    big = EPDDeploymentSpec.model_validate(
+        make_spec_dict(gpuBudget=16, disaggregation={"mode": "Auto"})
+    )
+    current = PlanStatus.from_plan(heuristic_plan(big, None), 1)
+    assert current.to_plan().num_instances == 16
+    kept, ran = choose_plan(big, current, None, None, 0)
+    assert not ran and kept.num_instances == 16
+    small = big.model_copy(update={"gpu_budget": 4})
+    shrunk, ran = choose_plan(small, current, None, None, 0)  # interval not reached: still
+    assert ran and shrunk.num_instances == 4
+    grown, ran = choose_plan(big, PlanStatus.from_plan(shrunk, 2), None, None, 0)
+    assert ran and grown.num_instances == 16
+
+
 def test_heuristic_plan_small_budgets_and_shift() -> None:
     one = EPDDeploymentSpec.model_validate(
         make_spec_dict(gpuBudget=1, disaggregation={"mode": "Auto"})
