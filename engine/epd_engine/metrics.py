@@ -41,6 +41,28 @@ class Metrics:
             registry=r,
             buckets=_LATENCY_BUCKETS_S,
         )
+        # The workload's shape, which the operator's Auto mode re-plans on (router side).
+        self.request_prompt_tokens = Histogram(
+            "epd_request_prompt_tokens",
+            "Text tokens per finished request (image tokens not included).",
+            _BASE,
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.request_images = Histogram(
+            "epd_request_images",
+            "Images per finished request.",
+            _BASE,
+            registry=r,
+            buckets=(0, 1, 2, 4, 8, 16),
+        )
+        self.request_output_tokens = Histogram(
+            "epd_request_output_tokens",
+            "Output tokens per finished request.",
+            _BASE,
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
         self.stage_queue = Histogram(
             "epd_stage_queue_seconds",
             "Wait from a stage becoming next to its first batch.",

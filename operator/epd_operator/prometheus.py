@@ -2,9 +2,9 @@
 
 Reads the ``epd_`` metrics (DESIGN.md §4, engine/epd_engine/metrics.py) over the profiler's
 trace window: finished requests (``epd_requests_total``) and SLO attainment
-(``epd_slo_met_total``). Per-request prompt/image/output means are read from histograms the
-router does not export yet (``epd_request_{prompt_tokens,images,output_tokens}``); missing
-series give None and the planner falls back to defaults. Every query is instant
+(``epd_slo_met_total``). Per-request prompt/image/output means come from the router's
+histograms ``epd_request_{prompt_tokens,images,output_tokens}``; missing series give None
+and the planner falls back to defaults. Every query is instant
 (``/api/v1/query``); an unreachable server gives None and the operator keeps its plan.
 """
 

@@ -148,6 +148,9 @@ class Dispatcher:
         if ttft_s <= self.settings.slo_ttft_s and tpot_p90 <= self.settings.slo_tpot_s:
             m.slo_met.labels(**labels).inc()
         info = request.prompt_info
+        m.request_prompt_tokens.labels(**labels).observe(int(info.get("prompt_tokens", 0)))
+        m.request_images.labels(**labels).observe(len(info.get("images", [])))
+        m.request_output_tokens.labels(**labels).observe(len(request.token_ids))
         self.recorder.record(
             TraceRecord(
                 arrival_s=request.arrival_s - self.started_s,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from epd_engine.config import Method, Stage
 from epd_engine.trace import parse_trace
@@ -82,6 +83,16 @@ def test_method_outputs_match_single_epd_instance(
     assert 'outcome="success"' in metrics
     if method is not Method.EPD:
         assert "epd_migration_seconds_count" in metrics
+    # The workload histograms the operator re-plans on agree with the trace.
+    sums = {
+        s.name: s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+        if s.name.endswith("_sum")
+    }
+    assert sums["epd_request_prompt_tokens_sum"] == sum(r.prompt_tokens for r in records)
+    assert sums["epd_request_images_sum"] == sum(len(r.images) for r in records)
+    assert sums["epd_request_output_tokens_sum"] == sum(r.output_tokens for r in records)
     json.dumps([r.model_dump() for r in records])  # records are plain data
 
 
