@@ -88,6 +88,10 @@ def test_drain_client_against_the_real_router(router_url: str) -> None:
     assert api.set_routing(["llava-ep-1", "llava-d-2"])
     body = httpx.get(f"{router_url}/internal/pools", headers={"X-EPD-Token": TOKEN}).json()
     assert body["active_pools"] == ["llava-d-2", "llava-ep-1"]
+    assert api.set_routing(["llava-d-2", "llava-ep-1"])  # the same switch again
+    assert api.set_routing(["llava-epd-3"])
+    metrics = httpx.get(f"{router_url}/metrics").text
+    assert 'epd_reconfigurations_total{model="llava",pool="router",role="router"} 2.0' in metrics
     wrong = RouterAPI(router_url, "wrong-token")
     assert wrong.in_flight() is None and not wrong.set_routing(["x"])
 

@@ -118,6 +118,10 @@ class Routing(BaseModel):
 @router.put("/routing")
 async def set_routing(body: Routing, request: Request) -> dict[str, object]:
     """Switch new requests to these pools; requests already in others finish there."""
-    registry = _dispatcher(request).registry
-    registry.active_pools = set(body.active_pools) if body.active_pools is not None else None
+    dispatcher = _dispatcher(request)
+    registry = dispatcher.registry
+    new = set(body.active_pools) if body.active_pools is not None else None
+    if new != registry.active_pools:  # a re-sent switch is not another reconfiguration
+        dispatcher.metrics.reconfigurations.labels(**dispatcher.metrics.labels).inc()
+    registry.active_pools = new
     return {"active_pools": body.active_pools}
