@@ -21,11 +21,12 @@ class BlockPool:
         self._key_of: dict[int, str] = {}
         # keyed page groups nobody references, oldest first: evictable
         self._evictable: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._num_evictable = 0  # pages in _evictable (num_free is hot: every load report)
 
     @property
     def num_free(self) -> int:
         """Pages an allocation can get right now (free plus evictable cached ones)."""
-        return len(self._free) + sum(len(blocks) for blocks in self._evictable.values())
+        return len(self._free) + self._num_evictable
 
     @property
     def num_used(self) -> int:
@@ -59,8 +60,9 @@ class BlockPool:
                 self._free.append(block)
         for key in {self._key_of[b] for b in blocks if b in self._key_of}:
             group = self._by_key[key]
-            if all(self._ref_counts[b] == 0 for b in group):
+            if all(self._ref_counts[b] == 0 for b in group) and key not in self._evictable:
                 self._evictable[key] = group
+                self._num_evictable += len(group)
 
     def register(self, key: str, blocks: list[int]) -> None:
         """Make ``blocks`` (already referenced by the caller) findable by ``key``."""
@@ -76,7 +78,8 @@ class BlockPool:
         group = self._by_key.get(key)
         if group is None:
             return None
-        self._evictable.pop(key, None)
+        if self._evictable.pop(key, None) is not None:
+            self._num_evictable -= len(group)
         for block in group:
             self._ref_counts[block] += 1
         return list(group)
@@ -86,6 +89,7 @@ class BlockPool:
 
     def _evict_oldest(self) -> None:
         key, group = self._evictable.popitem(last=False)
+        self._num_evictable -= len(group)
         del self._by_key[key]
         for block in group:
             del self._key_of[block]
