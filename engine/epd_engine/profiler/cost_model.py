@@ -138,14 +138,29 @@ class Capacity:
 class Overheads:
     """What a live system adds around the runner, calibrated from a measured run
     (``profiler.calibrate``): the router, HTTP and image preprocessing before a request reaches
-    an instance, and the engine loop (scheduling, detokenising, streaming) per iteration."""
+    an instance, the engine loop (scheduling, detokenising, streaming) per iteration, and the
+    migration protocol's own latency (DESIGN.md §4) on top of moving the bytes.
+
+    A migration is ``handoff_s`` (step 1: the source offers, the target queues it), then, once
+    the target's scheduler admits it, ``pull_s + migration.at(kind, tokens)`` (steps 2-3: the
+    HTTP pull of the pages, the export/import on both engine threads). ``migration`` alone is
+    the raw link (a socket ping and bulk throughput), a floor the plan bounds use.
+
+    On one shared host these are CPU work that competes with every process of the deployment:
+    they are stored per unit of CPU share (``cpu_share``: processes per core, at least 1) and
+    the simulator multiplies them by its plan's share.
+    """
 
     request_s: float = 0.0  # arrival -> queued on its first instance
     step_s: float = 0.0  # added to every iteration
+    handoff_s: float = 0.0  # source's stage done -> queued on the migration target
+    pull_s: float = 0.0  # pull protocol latency beyond bytes / bandwidth
     # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).
     # When present the simulator draws from them with a seeded RNG instead of the medians.
     request_s_quantiles: tuple[float, ...] = ()
     step_s_quantiles: tuple[float, ...] = ()
+    handoff_s_quantiles: tuple[float, ...] = ()
+    pull_s_quantiles: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,15 +232,15 @@ class FittedCostModel:
 
 
 def _overheads(data: dict[str, Any]) -> Overheads:
-    known = {"request_s", "step_s", "request_s_quantiles", "step_s_quantiles"}
+    names = ("request_s", "step_s", "handoff_s", "pull_s")
+    known = {*names, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:
         raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")
-    return Overheads(
-        request_s=float(data.get("request_s", 0.0)),
-        step_s=float(data.get("step_s", 0.0)),
-        request_s_quantiles=tuple(data.get("request_s_quantiles", ())),
-        step_s_quantiles=tuple(data.get("step_s_quantiles", ())),
-    )
+    values: dict[str, Any] = {}
+    for name in names:
+        values[name] = float(data.get(name, 0.0))
+        values[f"{name}_quantiles"] = tuple(float(x) for x in data.get(f"{name}_quantiles", ()))
+    return Overheads(**values)
 
 
 def save_cost_model(model: FittedCostModel, path: str | Path) -> Path:

@@ -1,5 +1,6 @@
 """Calibrated overheads as the simulator applies them: fixed medians, or seeded draws from
-their empirical quantiles (same seed, same run: simulations stay deterministic)."""
+their empirical quantiles (same seed, same run: simulations stay deterministic), times the
+plan's CPU share on a shared host (``Overheads``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,27 @@ from epd_engine.profiler.cost_model import Overheads
 
 
 class Jitter:
-    def __init__(self, overheads: Overheads, seed: int = 0) -> None:
+    def __init__(self, overheads: Overheads, seed: int = 0, cpu_share: float = 1.0) -> None:
         self.overheads = overheads
+        self.cpu_share = cpu_share
         self._rng = random.Random(seed)
 
+    def _draw(self, median: float, options: tuple[float, ...]) -> float:
+        value = self._rng.choice(options) if options else median
+        return value * self.cpu_share
+
     def request_s(self) -> float:
-        options = self.overheads.request_s_quantiles
-        return self._rng.choice(options) if options else self.overheads.request_s
+        o = self.overheads
+        return self._draw(o.request_s, o.request_s_quantiles)
 
     def step_s(self) -> float:
-        options = self.overheads.step_s_quantiles
-        return self._rng.choice(options) if options else self.overheads.step_s
+        o = self.overheads
+        return self._draw(o.step_s, o.step_s_quantiles)
+
+    def handoff_s(self) -> float:
+        o = self.overheads
+        return self._draw(o.handoff_s, o.handoff_s_quantiles)
+
+    def pull_s(self) -> float:
+        o = self.overheads
+        return self._draw(o.pull_s, o.pull_s_quantiles)

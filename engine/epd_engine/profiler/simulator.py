@@ -3,9 +3,13 @@
 Every instance is a real ``Scheduler`` (real KV / image page managers, real budgets, real
 preemption); entry and migration targets are picked by the real routing policy from the
 loads instances would report. Only time is modelled: an iteration takes ``cost.step_s`` of
-its batch shape; a migration takes ``cost.migration_s`` and the source holds its pages until
-the target has pulled them (DESIGN.md §4). Outputs ``RequestResult``s, so the same
-``epd_engine.bench`` summary, attainment and goodput code reports on it.
+its batch shape. A migration follows the real four-step protocol (DESIGN.md §4): the offer
+reaches the target after the calibrated hand-off latency and waits in its queue; the target's
+scheduler admits it when it has pages (a ``PullTask``, as in the engine); the pull, issued
+when that iteration ends, takes the calibrated pull latency plus ``cost.migration_s``; then
+the request can run there and the source frees its pages. Outputs ``RequestResult``s (with
+the router's per-stage seconds), so the same ``epd_engine.bench`` summary, attainment and
+goodput code reports on it.
 
 With ``stop_on_failure`` the run ends as soon as enough requests have certainly missed the
 SLO that attainment can no longer pass (the plan search only needs pass / fail).
@@ -25,11 +29,25 @@ from epd_engine.profiler.cost_model import BatchShape, FittedCostModel
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.tracker import RequestTracker
-from epd_engine.request import RequestStatus
+from epd_engine.request import CacheKind, PullSpec, RequestStatus
 from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
+from epd_engine.scheduler.output import PullTask, SchedulerOutput
 from epd_engine.trace import TraceRecord
 
-_ARRIVE, _STEP, _LAND, _DEADLINE = range(4)
+_ARRIVE, _STEP, _OFFER, _PULLED, _DEADLINE = range(5)
+_ENCODE, _PREFILL, _DECODE = Stage.ENCODE.value, Stage.PREFILL.value, Stage.DECODE.value
+
+
+def cpu_share(plan: Plan, host_cores: float | None) -> float:
+    """Processes per core when the plan's instances and its router share ``host_cores``
+    (at least 1); 1 when every instance has its own device (``host_cores`` None).
+
+    Calibrated overheads (router, HTTP, migration protocol, engine loop) are CPU work of
+    those processes, so they scale with it (``Overheads``). The bench client is not counted:
+    the plan does not include it."""
+    if not host_cores:
+        return 1.0
+    return max(1.0, (plan.num_instances + 1) / host_cores)
 
 
 @dataclass
@@ -51,8 +69,9 @@ class Simulator:
         host_cores: float | None = None,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
-        on one machine); an iteration stretches by busy instances / cores when oversubscribed.
-        None: every instance has its own device (GPU pods)."""
+        on one machine); an iteration stretches by busy instances / cores when oversubscribed,
+        and calibrated overheads by the plan's ``cpu_share``. None: every instance has its
+        own device (GPU pods)."""
         self.plan = plan
         self.cost = cost
         self.host_cores = host_cores
@@ -93,7 +112,8 @@ class _Run:
         self.runners = {  # migration targets: instances whose role runs the stage
             stage: [i for i in self.instances if i.role.runs(stage)] for stage in Stage
         }
-        self.jitter = Jitter(sim.cost.overheads, seed=0)
+        self.jitter = Jitter(sim.cost.overheads, 0, cpu_share(sim.plan, sim.host_cores))
+        self.sources: dict[tuple[int, str], int] = {}  # (target, request id) -> source index
         self.heap: list[tuple[float, int, int, int, str]] = []
         self.num_busy = 0  # instances mid-iteration (for host_cores sharing)
         self.seq = 0
@@ -117,8 +137,10 @@ class _Run:
                 self.arrive(index, now)
             elif kind == _STEP:
                 self.finish_step(self.instances[index], now)
-            elif kind == _LAND:
-                self.land(index, key, now)
+            elif kind == _OFFER:
+                self.offer(index, key, now)
+            elif kind == _PULLED:
+                self.pulled(index, key, now)
             else:
                 self.track.deadline(index)
             if self.track.failed:
@@ -148,6 +170,7 @@ class _Run:
             return
         inst.changed()
         self.track.visit(index, request, inst.role.value)
+        self.track.stage_ready(index, request.next_stage.value, now)
         if self.track.slo is not None:
             self.push(record.arrival_s + self.track.slo.ttft_s, _DEADLINE, index)
         self.kick(inst, now)
@@ -170,6 +193,12 @@ class _Run:
             step_s *= max(1.0, self.num_busy / self.sim.host_cores)
         inst.step = out
         inst.busy_s += step_s
+        for encode in out.encodes:
+            self.track.stage_started(int(encode.request_id), _ENCODE, now)
+        for task in out.prefills:
+            self.track.stage_started(int(task.request_id), _PREFILL, now)
+        for task in out.decodes:
+            self.track.stage_started(int(task.request_id), _DECODE, now)
         self.num_steps += 1
         self.push(now + step_s, _STEP, inst.index)
 
@@ -184,51 +213,99 @@ class _Run:
             index = int(event.request_id)
             self.track.token(index, now)
             if event.finish_reason is not None:
+                self.track.stage_done(index, _DECODE, now)  # no-op if it ended at prefill
                 self.track.finish(index, now)
+        self.note_stages(inst, out, now)
+        for task in out.pulls:  # step 2 done: the engine issues the pull after the iteration
+            self.pull(inst, task, now)
         for request_id in list(inst.scheduler.migrating):
             if request_id not in inst.handed_off:
                 inst.handed_off.add(request_id)
                 self.hand_off(inst, request_id, now)
         self.kick(inst, now)
 
+    def note_stages(self, inst: SimInstance, out: SchedulerOutput, now: float) -> None:
+        """Close the stages a request moved past this iteration; its next local one is ready.
+        (Decode is the last stage: it closes when the request finishes.)"""
+        ran = {(t.request_id, Stage.ENCODE) for t in out.encodes}
+        ran.update((t.request_id, Stage.PREFILL) for t in out.prefills)
+        sched = inst.scheduler
+        for request_id, stage in ran:
+            request = sched.requests.get(request_id)
+            current = None if request is None or request.status.finished else request.next_stage
+            if current is stage:
+                continue
+            index = int(request_id)
+            self.track.stage_done(index, stage.value, now)
+            if current is not None and request_id not in sched.migrating:
+                self.track.stage_ready(index, current.value, now)
+
     def hand_off(self, source: SimInstance, request_id: str, now: float) -> None:
+        """Step 1: offer the request to the least-loaded target; it queues it on arrival."""
         request = source.scheduler.migrating[request_id]
-        stage = request.next_stage
-        targets = self.runners[stage]
+        targets = self.runners[request.next_stage]
         loads = [t.load() for t in targets]
         target = targets[loads.index(self.sim.policy.choose(loads))]
         target.changed()
-        if stage is Stage.PREFILL:
-            kind, num_tokens = "image", sum(i.num_tokens for i in request.images)
-        else:
-            kind, num_tokens = "kv", request.num_computed_tokens
         target.num_incoming += 1
-        transfer_s = self.cost.migration_s(kind, num_tokens)
-        self.track.migrated(int(request_id), kind, transfer_s)
-        self.push(now + transfer_s, _LAND, target.index, f"{source.index}:{request_id}")
+        key = f"{source.index}:{request_id}"
+        self.push(now + self.jitter.handoff_s(), _OFFER, target.index, key)
 
-    def land(self, target_index: int, key: str, now: float) -> None:
-        """The target pulled the pages: it owns the request, the source frees its copy."""
+    def offer(self, target_index: int, key: str, now: float) -> None:
+        """The offer arrived: the target queues the request; it pulls once admitted."""
         source_index, request_id = key.split(":", 1)
         source = self.instances[int(source_index)]
         target = self.instances[target_index]
         request = source.scheduler.migrating[request_id]
-        source.scheduler.release_migrated(request_id)
-        source.handed_off.discard(request_id)
-        source.changed()
         target.changed()
         target.num_incoming -= 1
+        kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
         moved = replace(
-            request, status=RequestStatus.WAITING, output_token_ids=list(request.output_token_ids)
+            request,
+            status=RequestStatus.WAITING,
+            output_token_ids=list(request.output_token_ids),
+            pull=PullSpec(kind, source_url="", source_instance=source.instance_id),
+            pulling=False,
         )
         index = int(request_id)
         try:
             target.scheduler.add(moved)
         except ValueError as exc:
             self.track.fail(index, now, f"rejected by {target.instance_id}: {exc}")
+            self.release_source(source, request_id, now)
+            return
+        self.sources[(target_index, request_id)] = source.index
+        self.track.visit(index, moved, target.role.value)
+        self.track.stage_ready(index, moved.next_stage.value, now)
+        self.kick(target, now)
+
+    def pull(self, target: SimInstance, task: PullTask, now: float) -> None:
+        """Steps 2-3: fetch the pages (nothing to fetch when every image is cached here)."""
+        request = target.scheduler.requests[task.request_id]
+        if task.kind is CacheKind.IMAGE:
+            num_tokens = sum(request.images[i].num_tokens for i in task.image_blocks)
+            pull_s = 0.0
+            if num_tokens:
+                pull_s = self.jitter.pull_s() + self.cost.migration_s("image", num_tokens)
         else:
-            self.track.visit(index, moved, target.role.value)
-            self.kick(target, now)
+            num_tokens = task.num_kv_tokens
+            pull_s = self.jitter.pull_s() + self.cost.migration_s("kv", num_tokens)
+        self.track.migrated(int(task.request_id), task.kind.value, pull_s)
+        self.push(now + pull_s, _PULLED, target.index, task.request_id)
+
+    def pulled(self, target_index: int, request_id: str, now: float) -> None:
+        """Step 4: the pages landed; the target may run the request, the source frees them."""
+        target = self.instances[target_index]
+        target.scheduler.pull_done(request_id)
+        target.changed()
+        source = self.instances[self.sources.pop((target_index, request_id))]
+        self.kick(target, now)
+        self.release_source(source, request_id, now)
+
+    def release_source(self, source: SimInstance, request_id: str, now: float) -> None:
+        source.scheduler.release_migrated(request_id)
+        source.handed_off.discard(request_id)
+        source.changed()
         self.kick(source, now)
 
     def note_errors(self, preempted_ids: Sequence[str], now: float) -> None:

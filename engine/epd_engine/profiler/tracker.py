@@ -1,4 +1,11 @@
-"""Per-request bookkeeping of a simulation: token times, errors, path, certain SLO misses.
+"""Per-request bookkeeping of a simulation: token times, errors, path, per-stage seconds,
+certain SLO misses.
+
+Stage seconds use the router's names and the engine's rules (``LLMEngine``), so a simulated
+report breaks latency down the way a measured one does: ``{stage}_queue`` runs from when the
+stage became next on an instance (a migrated request: when the target queued the offer, so
+it includes the pull) to its first scheduled work, ``{stage}`` from there until the request
+moved past it; ``migration_{kind}`` is the pull.
 
 A request *certainly* misses when its TTFT deadline passed without a first token, when more
 of its gaps were late than the p90 rule allows (HydraInfer: 90% of gaps <= TPOT SLO), or
@@ -35,6 +42,8 @@ class RequestTracker:
         self.errors: list[str | None] = [None] * num
         self.paths: list[list[str]] = [[] for _ in range(num)]
         self.stage_s: list[dict[str, float]] = [{} for _ in range(num)]  # router's names
+        self._ready_s: dict[tuple[int, str], float] = {}  # stage is next, not yet scheduled
+        self._started_s: dict[tuple[int, str], float] = {}  # stage is running
         self._requests: dict[int, Request] = {}
         self._late: list[int] = [0] * num
         self._missed: list[bool] = [False] * num
@@ -49,9 +58,27 @@ class RequestTracker:
         self._requests[index] = request
         self.paths[index].append(pool)
 
-    def migrated(self, index: int, kind: str, seconds: float) -> None:
-        key = f"migration_{kind}"
+    def _add(self, index: int, key: str, seconds: float) -> None:
         self.stage_s[index][key] = self.stage_s[index].get(key, 0.0) + seconds
+
+    def migrated(self, index: int, kind: str, seconds: float) -> None:
+        self._add(index, f"migration_{kind}", seconds)
+
+    def stage_ready(self, index: int, stage: str, now: float) -> None:
+        key = (index, stage)
+        if key not in self._started_s and key not in self._ready_s:
+            self._ready_s[key] = now
+
+    def stage_started(self, index: int, stage: str, now: float) -> None:
+        ready = self._ready_s.pop((index, stage), None)
+        if ready is not None:
+            self._started_s[(index, stage)] = now
+            self._add(index, f"{stage}_queue", now - ready)
+
+    def stage_done(self, index: int, stage: str, now: float) -> None:
+        started = self._started_s.pop((index, stage), None)
+        if started is not None:
+            self._add(index, stage, now - started)
 
     def token(self, index: int, now: float) -> None:
         if self.first_s[index] is None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from epd_engine.config import Stage
 from epd_engine.profiler.cost_model import (
     BatchShape,
     FittedCostModel,
+    Overheads,
     load_cost_model,
     save_cost_model,
 )
@@ -67,6 +69,18 @@ def test_json_round_trip_keeps_every_coefficient(tmp_path: Path) -> None:
     model = reference_cost_model()
     path = save_cost_model(model, tmp_path / "cost.json")
     assert load_cost_model(path) == model
+    overheads = Overheads(0.1, 0.002, 0.02, 0.03, (0.1, 0.2), (0.0, 0.004), (0.01,), (0.03, 0.05))
+    calibrated = dataclasses.replace(model, overheads=overheads)
+    path = save_cost_model(calibrated, tmp_path / "calibrated.json")
+    assert load_cost_model(path) == calibrated
+
+
+def test_cost_models_from_before_the_migration_overheads_still_load() -> None:
+    data = reference_cost_model().to_dict()
+    data["overheads"] = {"request_s": 0.05, "step_s": 0.003, "request_s_quantiles": [0.05]}
+    loaded = FittedCostModel.from_dict(data)
+    assert loaded.overheads.handoff_s == loaded.overheads.pull_s == 0.0
+    assert loaded.overheads.request_s_quantiles == (0.05,)
 
 
 def test_loading_something_else_names_the_file(tmp_path: Path) -> None:

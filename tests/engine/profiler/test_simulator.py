@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from epd_engine.bench.metrics import summarize
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Budgets, Plan
-from epd_engine.profiler.simulator import simulate
+from epd_engine.profiler.cost_model import Overheads
+from epd_engine.profiler.simulator import cpu_share, simulate
 
 from .factories import make_trace, toy_cost_model
 
@@ -37,11 +40,17 @@ def test_paths_follow_the_method_and_text_skips_encode() -> None:
     trace = make_trace(num=4, text_only_every=2)
     results = simulate(plan, trace, toy_cost_model(), SLO_LOOSE).results
     assert [r.path for r in results] == [("P", "D"), ("E", "P", "D")] * 2
-    assert results[0].stage_s == {"migration_kv": pytest.approx(0.001 + 20 * 4096 / 1e9)}
-    assert results[1].stage_s is not None and set(results[1].stage_s) == {
-        "migration_image",
-        "migration_kv",
+    kv_move = 0.001 + 20 * 4096 / 1e9
+    assert results[0].stage_s == {  # the router's names; the queue on D includes the pull
+        "prefill_queue": 0.0,
+        "prefill": pytest.approx(0.005 + 20 * 1e-4),
+        "migration_kv": pytest.approx(kv_move),
+        "decode_queue": pytest.approx(kv_move),
+        "decode": pytest.approx(4 * (0.005 + 1e-4)),
     }
+    assert results[1].stage_s is not None and set(results[1].stage_s) == {
+        f"{stage}{suffix}" for stage in ("encode", "prefill", "decode") for suffix in ("", "_queue")
+    } | {"migration_image", "migration_kv"}
     ed = Plan(method=Method.ED_P, pools={Role.ED: 1, Role.P: 1})
     paths = [r.path for r in simulate(ed, trace, toy_cost_model(), SLO_LOOSE).results]
     assert paths == [("P", "ED"), ("ED", "P", "ED")] * 2
@@ -122,3 +131,64 @@ def test_instances_sharing_host_cores_slow_each_other_down() -> None:
     shared = simulate(plan, trace, toy_cost_model(), SLO_LOOSE, host_cores=1).results
     assert own[1].ttft_s is not None and shared[1].ttft_s is not None
     assert shared[1].ttft_s > own[1].ttft_s * 1.5  # both prefills ran at once on one core
+
+
+def test_a_migration_is_hand_off_then_queue_then_pull_as_in_the_real_protocol() -> None:
+    """Calibrated protocol latencies: the offer (hand-off) reaches the target's queue, the
+    pull runs once the target admitted it; the queue the router reports includes the pull."""
+    base = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=1e-4, decode_step_s=0.005)
+    cost = dataclasses.replace(base, overheads=Overheads(handoff_s=0.02, pull_s=0.03))
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    [r] = simulate(plan, make_trace(num=1, output_tokens=3), cost, SLO_LOOSE).results
+    image_pull = 0.03 + cost.migration_s("image", 100)
+    kv_pull = 0.03 + cost.migration_s("kv", 120)
+    prefill = 0.005 + 1e-4 * 120
+    assert r.ttft_s == pytest.approx(0.01 + 0.02 + image_pull + prefill)
+    assert r.itl_s[0] == pytest.approx(0.02 + kv_pull + 0.005 + 1e-4)
+    assert r.stage_s is not None
+    assert r.stage_s["migration_image"] == pytest.approx(image_pull)
+    assert r.stage_s["prefill_queue"] == pytest.approx(image_pull)
+    assert r.stage_s["decode_queue"] == pytest.approx(kv_pull)
+
+
+def test_a_target_without_pages_keeps_the_migration_queued_until_it_has_room() -> None:
+    """Pages are taken when the target's scheduler admits the pull, not when the offer lands:
+    with room for one request's KV on D, the second waits in D's queue, nothing fails."""
+    cost = dataclasses.replace(
+        toy_cost_model(),
+        capacity=dataclasses.replace(toy_cost_model().capacity, num_kv_blocks=3),
+    )
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    trace = make_trace(num=2, rate_rps=1000, images_per_request=0, output_tokens=20)
+    first, second = simulate(plan, trace, cost, SLO_LOOSE).results
+    assert first.ok and second.ok
+    assert first.e2e_s is not None and second.ttft_s is not None
+    second_decodes_from = second.arrival_s + second.ttft_s + second.itl_s[0]
+    assert second_decodes_from > first.arrival_s + first.e2e_s  # waited for the first's pages
+
+
+def test_overheads_scale_with_processes_per_core_on_a_shared_host() -> None:
+    e_p_d = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    epd = Plan(method=Method.EPD, pools={Role.EPD: 1})
+    assert cpu_share(e_p_d, None) == 1.0  # own devices
+    assert cpu_share(e_p_d, 2) == 2.0  # three instances and the router on two cores
+    assert cpu_share(epd, 2) == 1.0 and cpu_share(epd, 8) == 1.0
+    cost = dataclasses.replace(toy_cost_model(), overheads=Overheads(request_s=0.1))
+    trace = make_trace(num=1, images_per_request=0, output_tokens=2)
+    [own] = simulate(e_p_d, trace, cost, SLO_LOOSE).results
+    [shared] = simulate(e_p_d, trace, cost, SLO_LOOSE, host_cores=2).results
+    assert own.ttft_s is not None and shared.ttft_s is not None
+    assert shared.ttft_s == pytest.approx(own.ttft_s + 0.1)  # 0.2 s of router work, not 0.1
+
+
+def test_colocated_stages_report_queue_and_execution_like_the_engine() -> None:
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 1})
+    [r] = simulate(plan, make_trace(num=1, output_tokens=4), toy_cost_model(), SLO_LOOSE).results
+    assert r.stage_s == {
+        "encode_queue": 0.0,
+        "encode": pytest.approx(0.01),
+        "prefill_queue": 0.0,
+        "prefill": pytest.approx(0.005 + 1e-4 * 120),
+        "decode_queue": 0.0,
+        "decode": pytest.approx(3 * (0.005 + 1e-4)),
+    }
