@@ -1,20 +1,29 @@
 """Calibrate a cost model's overheads from one measured run of the live system.
 
 ``profile-costs`` times the runner alone; a live instance also runs its engine loop, the
-router, HTTP, image decoding and token streaming, and on a shared host waits for the CPU.
-From a ``epdctl bench`` report whose requests carry per-stage seconds (``stage_s``, reported
-by our servers) this estimates, by medians over requests:
+router, HTTP, image decoding, token streaming and the migration protocol, and on a shared
+host waits for the CPU. From a ``epdctl bench`` report whose requests carry per-stage seconds
+(``stage_s``, reported by our servers, engine rules: a stage's queue starts when it becomes
+next on an instance, for a migrated request when the target queued the offer, so a
+``prefill_queue`` / ``decode_queue`` after a migration includes its pull) this estimates:
 
-- ``step_s``: measured decode seconds per generated token minus the model's decode step
-  for that request (the per-iteration cost the runner does not see);
-- ``request_s``: TTFT minus the time the request spent in its stages and stage queues
-  before the first token (router + HTTP + preprocessing);
-- their empirical quantiles (each inter-token gap minus the model's decode step, each
-  request's TTFT excess), which the simulator samples: on a shared host p90 TPOT is made of
-  the jitter, which a median cannot reproduce.
+- ``pull_s``: the router's ``migration_{kind}`` seconds (the target's pull: HTTP fetch,
+  export and import on both engine threads) minus the bytes over the link;
+- ``handoff_s``: the offer, from the source's last step to the target's queue. Not reported
+  directly, but a KV hop sits inside the client's first inter-token gap: the first token
+  leaves the prefill instance as the offer goes out, the second comes after the target's
+  queue (``decode_queue``) and one decode step, so hand-off = gap - queue - step;
+- ``request_s``: TTFT minus the time in stages and stage queues before the first token,
+  minus one hand-off per migration before it (router + HTTP + preprocessing);
+- ``step_s``: measured decode seconds per generated token minus the model's decode step;
+- empirical quantiles of each (the step's from every inter-token gap except one that spans
+  a migration), which the simulator samples: on a shared host p90 TPOT is made of the
+  jitter, which a median cannot reproduce.
 
-Calibrate on one run (e.g. one method at a low rate) and predict the others: the fidelity
-benchmark reports errors on runs the calibration never saw.
+Migrations are only observable in a run that has them, so calibrate on a disaggregated
+method (e.g. E+P+D: image and KV hops) and predict the others: the fidelity benchmark reports
+errors on runs the calibration never saw. ``cpu_share`` is the calibration run's processes
+per host core (``simulator.cpu_share``); overheads are stored divided by it (``Overheads``).
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from statistics import median
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.profiler.cost_model import FittedCostModel, Overheads
 
-_BEFORE_FIRST_TOKEN = ("encode_queue", "encode", "migration_image", "prefill_queue", "prefill")
+# Before the first token; prefill_queue already holds the image pull (see above).
+_BEFORE_FIRST_TOKEN = ("encode_queue", "encode", "prefill_queue", "prefill")
+_MAX_POOLS = 3  # encode, prefill, decode: a longer path was re-routed after a failure
 
 
 def quantiles(values: Sequence[float], num: int = 32) -> tuple[float, ...]:
@@ -40,41 +51,87 @@ def quantiles(values: Sequence[float], num: int = 32) -> tuple[float, ...]:
     return tuple(round(x, 6) for x in picks)
 
 
+def _hops_before_first_token(r: RequestResult, kv_hop: bool) -> int:
+    """Migrations before the prefill that samples the first token (image hops)."""
+    if r.path:
+        return max(0, len(r.path) - 1 - int(kv_hop))
+    return int("migration_image" in (r.stage_s or {}))
+
+
+def _median(values: Sequence[float]) -> float:
+    return max(0.0, median(values)) if values else 0.0
+
+
 def calibrate(
-    cost: FittedCostModel, results: Sequence[RequestResult], source: str = ""
+    cost: FittedCostModel,
+    results: Sequence[RequestResult],
+    source: str = "",
+    cpu_share: float = 1.0,
 ) -> FittedCostModel:
     """``cost`` with ``overheads`` fitted to ``results``; ValueError if they carry no stages."""
+    if cpu_share < 1.0:
+        raise ValueError(f"cpu_share must be >= 1, got {cpu_share}")
     measured = [r for r in results if r.ok and r.stage_s]
     if not measured:
         raise ValueError(
             "the run has no per-stage timings (stage_s); calibrate from our own router's bench"
         )
-    step_extra = []
-    gap_extra = []
-    request_extra = []
+    step_extra: list[float] = []
+    gap_extra: list[float] = []
+    pull_extra: list[float] = []
+    handoff: list[float] = []
+    before_first: list[tuple[float, int]] = []  # (TTFT outside stages, hops before it)
+    rerouted = 0
     for r in measured:
         stages = r.stage_s or {}
+        clean = not r.path or len(r.path) <= _MAX_POOLS
+        rerouted += not clean
+        kv_hop = "migration_kv" in stages
+        kv_tokens = r.server_prompt_tokens or r.prompt_tokens
+        image_tokens = r.num_images * (cost.capacity.tokens_per_image or 0)
+        for kind, tokens in (("image", image_tokens), ("kv", kv_tokens)):
+            if f"migration_{kind}" in stages:
+                link = cost.migration_s(kind, tokens)
+                pull_extra.append(max(0.0, stages[f"migration_{kind}"] - link))
         tokens = max(r.num_output_tokens - 1, 0)
         if tokens > 0 and stages.get("decode"):
             context = r.prompt_tokens + r.num_output_tokens // 2
+            model_step = cost.decode_s(1, context)
             per_token = stages["decode"] / tokens
-            step_extra.append(per_token - cost.decode_s(1, context))
-            model_gap = cost.decode_s(1, context)
-            gap_extra += [max(0.0, gap - model_gap) for gap in r.itl_s]
-        if r.ttft_s is not None:
+            step_extra.append(per_token - model_step)
+            gaps = r.itl_s[1:] if kv_hop else r.itl_s  # the first gap spans the KV hop
+            gap_extra += [max(0.0, gap - model_step) for gap in gaps]
+            if kv_hop and r.itl_s and clean:
+                handoff.append(r.itl_s[0] - stages.get("decode_queue", 0.0) - per_token)
+        if r.ttft_s is not None and clean:
             staged = sum(stages.get(key, 0.0) for key in _BEFORE_FIRST_TOKEN)
-            request_extra.append(r.ttft_s - staged)
+            before_first.append((r.ttft_s - staged, _hops_before_first_token(r, kv_hop)))
+    handoff_s = _median(handoff)
+    request_extra = [max(0.0, rest - hops * handoff_s) for rest, hops in before_first]
+
+    def per_share(values: Sequence[float]) -> list[float]:
+        return [max(0.0, x) / cpu_share for x in values]
+
     overheads = Overheads(
-        request_s=max(0.0, median(request_extra)) if request_extra else 0.0,
-        step_s=max(0.0, median(step_extra)) if step_extra else 0.0,
-        request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
-        step_s_quantiles=quantiles(gap_extra),
+        request_s=_median(request_extra) / cpu_share,
+        step_s=_median(step_extra) / cpu_share,
+        handoff_s=handoff_s / cpu_share,
+        pull_s=_median(pull_extra) / cpu_share,
+        request_s_quantiles=quantiles(per_share(request_extra)),
+        step_s_quantiles=quantiles(per_share(gap_extra)),
+        handoff_s_quantiles=quantiles(per_share(handoff)),
+        pull_s_quantiles=quantiles(per_share(pull_extra)),
     )
     meta = dict(cost.meta)
     meta["calibration"] = {
         "source": source,
         "num_requests": len(measured),
+        "num_rerouted_skipped": rerouted,
+        "num_migrations": len(pull_extra),
+        "cpu_share": cpu_share,
         "request_s": overheads.request_s,
         "step_s": overheads.step_s,
+        "handoff_s": overheads.handoff_s,
+        "pull_s": overheads.pull_s,
     }
     return dataclasses.replace(cost, overheads=overheads, meta=meta)

@@ -60,3 +60,94 @@ def test_calibration_needs_stage_timings() -> None:
 def test_quantiles_are_evenly_spaced_midpoints() -> None:
     assert quantiles([]) == ()
     assert quantiles([float(i) for i in range(100)], num=4) == (12.0, 37.0, 62.0, 87.0)
+
+
+def _disaggregated(
+    i: int,
+    request_s: float = 0.1,
+    handoff_s: float = 0.02,
+    pull_s: float = 0.03,
+    step_s: float = 0.006,
+    path: tuple[str, ...] = ("e", "p", "d"),
+) -> RequestResult:
+    """An E+P+D request as our router reports it: the queues after a hop include the pull;
+    the first gap spans the KV hop (hand-off, D's queue, one decode step)."""
+    encode, prefill, decode_wait = 0.005, 0.01, 0.004
+    stages = {
+        "encode_queue": 0.0,
+        "encode": encode,
+        "migration_image": pull_s,
+        "prefill_queue": pull_s + 0.002,
+        "prefill": prefill,
+        "migration_kv": pull_s,
+        "decode_queue": pull_s + decode_wait,
+        "decode": 4 * step_s,
+    }
+    ttft = request_s + encode + handoff_s + stages["prefill_queue"] + prefill
+    gaps = (handoff_s + stages["decode_queue"] + step_s,) + (step_s,) * 3
+    return RequestResult(
+        request_id=f"r{i}",
+        arrival_s=float(i),
+        prompt_tokens=20,
+        num_images=1,
+        output_tokens=5,
+        ttft_s=ttft,
+        itl_s=gaps,
+        e2e_s=ttft + sum(gaps),
+        num_output_tokens=5,
+        stage_s=stages,
+        path=path,
+    )
+
+
+def test_calibration_separates_hand_off_pull_and_request_overheads() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    calibrated = calibrate(cost, [_disaggregated(i) for i in range(10)])
+    o = calibrated.overheads
+    assert o.handoff_s == pytest.approx(0.02, abs=1e-6)
+    assert o.pull_s == pytest.approx(0.03 - 0.001, abs=2e-4)  # minus the link (1 ms + bytes)
+    assert o.request_s == pytest.approx(0.1, abs=1e-6)  # image pull not counted twice
+    step = 0.006 - cost.decode_s(1, 22)
+    assert o.step_s == pytest.approx(step, abs=1e-6)
+    # the first gap (the KV hop) is not engine-loop jitter
+    assert max(o.step_s_quantiles) == pytest.approx(step, abs=1e-6)
+
+
+def test_overheads_are_stored_per_unit_of_cpu_share() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    results = [_disaggregated(i) for i in range(10)]
+    plain = calibrate(cost, results).overheads
+    shared = calibrate(cost, results, cpu_share=2.0).overheads
+    assert shared.request_s == pytest.approx(plain.request_s / 2)
+    assert shared.pull_s == pytest.approx(plain.pull_s / 2)
+    assert shared.handoff_s_quantiles == tuple(
+        pytest.approx(q / 2, abs=1e-6) for q in plain.handoff_s_quantiles
+    )
+    with pytest.raises(ValueError, match="cpu_share"):
+        calibrate(cost, results, cpu_share=0.5)
+
+
+def test_rerouted_requests_do_not_skew_the_hop_estimates() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    clean = [_disaggregated(i) for i in range(9)]
+    rerouted = [_disaggregated(9 + i, request_s=5.0, handoff_s=3.0, path=("e", "p", "d", "p", "d"))
+                for i in range(8)]  # fmt: skip
+    calibrated = calibrate(cost, clean + rerouted)
+    assert calibrated.overheads.request_s == pytest.approx(0.1, abs=1e-6)
+    assert calibrated.overheads.handoff_s == pytest.approx(0.02, abs=1e-6)
+    assert calibrated.meta["calibration"]["num_rerouted_skipped"] == 8
+
+
+def test_calibrated_migration_overheads_show_up_in_simulated_latency() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    calibrated = calibrate(cost, [_disaggregated(i) for i in range(10)])
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    trace = make_trace(num=1, output_tokens=3)
+    slo = SLO(ttft_s=10, tpot_s=1)
+    [plain] = simulate(plan, trace, cost, slo).results
+    [slowed] = simulate(plan, trace, calibrated, slo).results
+    assert slowed.ttft_s is not None and plain.ttft_s is not None
+    o = calibrated.overheads
+    extra = o.request_s_quantiles[0] + o.handoff_s_quantiles[0] + o.pull_s_quantiles[0]
+    assert slowed.ttft_s > plain.ttft_s + extra - 1e-3  # every draw is the same here
+    assert slowed.itl_s[0] > plain.itl_s[0] + o.handoff_s + o.pull_s - 1e-3
