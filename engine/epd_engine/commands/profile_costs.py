@@ -30,6 +30,8 @@ def _profile(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model, seed=0, dtype=args.dtype, show_progress=False)
     if not (args.model / "config.json").is_file():
         raise UserError(f"{args.model}: no config.json (make one with `epdctl make-model`)")
+    if args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     try:
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
         config = ProfileConfig(
@@ -38,7 +40,7 @@ def _profile(args: argparse.Namespace) -> int:
             num_image_blocks=args.num_image_blocks, max_num_running=args.max_num_running,
             max_images=args.max_images, max_prefill_tokens=args.max_prefill_tokens,
             max_decode_batch=args.max_decode_batch, repeats=args.repeats, rounds=args.rounds,
-            show_progress=not args.no_progress,
+            cpu_threads=args.threads, show_progress=not args.no_progress,
         )  # fmt: skip
         model, samples = profile_costs(config)
     except (ModelFormatError, ValueError) as exc:
@@ -123,6 +125,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-decode-batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per batch (best kept)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved passes over all batches")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads on CPU (default 1, what each engine instance runs with)",
+    )
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO for the budgets, s")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO for the budgets, s")
     p.add_argument("--no-progress", action="store_true")

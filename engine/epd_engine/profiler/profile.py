@@ -4,7 +4,10 @@ The runner is built the way ``LLMEngine`` builds it (same loaders, cache shapes,
 every sample runs ``ModelRunner.execute`` on a hand-made ``SchedulerOutput``: encode-only
 batches (1..N images), prefill chunks (sizes x contexts), decode batches (sizes x context
 lengths) and co-located batches (encode + prefill + decodes). Each time is the best of a few
-runs after a warm-up (``engine._best_of``'s rule). torch is imported only here, lazily.
+runs after a warm-up (``engine._best_of``'s rule). On CPU it runs with the engine's torch
+thread count (``EngineConfig.cpu_threads``, 1: instances share the host's cores), not torch's
+default of one thread per core, which times a different (and on a busy host, erratic) runner.
+torch is imported only here, lazily.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from tqdm import tqdm
 
 from epd_engine import __version__
-from epd_engine.config import Stage
+from epd_engine.config import EngineConfig, Stage
 from epd_engine.profiler.cost_model import (
     BatchShape,
     Capacity,
@@ -49,6 +52,7 @@ class ProfileConfig:
     max_decode_batch: int = 64
     repeats: int = 3
     rounds: int = 3  # passes over all batches; the minimum per batch is kept (noisy hosts)
+    cpu_threads: int = EngineConfig.cpu_threads  # torch threads on CPU, as each instance runs
     show_progress: bool = True
 
 
@@ -83,6 +87,8 @@ class RunnerProbe:
 
         self.torch = torch
         self.config = config
+        if config.device == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         self.model = LlavaModelConfig.from_dir(config.model_dir)
         dtype = _DTYPES[config.dtype]
         vision = load_vision(config.model_dir, dtype, config.device)

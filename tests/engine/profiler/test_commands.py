@@ -157,6 +157,7 @@ def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: 
     cost = load_cost_model(out)
     assert cost.capacity.tokens_per_image == 16  # tiny-llava: (56 / 14)^2
     assert cost.meta["software"]["torch"]
+    assert cost.meta["hardware"]["num_threads"] == 1  # as each engine instance runs on CPU
     assert cost.meta["model"]["config_sha256"]
     assert cost.meta["budgets"]["EPD"] is not None
     assert cost.language.fixed_s + cost.language.per_token_s > 0
