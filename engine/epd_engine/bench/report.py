@@ -5,7 +5,8 @@ Shape (version 1)::
     {"kind": "epd-bench", "version": 1, "label", "created_at", "endpoint", "model",
      "trace": {summarize_trace...}, "slo": {ttft_s, tpot_s, attainment}, "mode",
      "points": [{rate_rps, attainment, passed, summary}], "goodput_rps", "lowest_failing_rps",
-     "summary": {...main run...}, "requests": [{...RequestResult...}]}
+     "summary": {...main run...}, "requests": [{...RequestResult...}],
+     "requests_by_rate": {"<rate>": [{...RequestResult...}]}}   (sweep / goodput modes)
 """
 
 from __future__ import annotations
@@ -94,8 +95,18 @@ def attainment_curve(report: dict[str, Any]) -> list[tuple[float, float]]:
 
 def results_from_report(report: dict[str, Any]) -> list[RequestResult]:
     """Per-request results back as ``RequestResult`` (for CDF plots across reports)."""
+    return _results(report.get("requests", []))
+
+
+def results_by_rate(report: dict[str, Any]) -> dict[float, list[RequestResult]]:
+    """Every measured rate's results of a sweep / goodput report ({} for older reports)."""
+    by_rate = report.get("requests_by_rate") or {}
+    return {float(rate): _results(items) for rate, items in sorted(by_rate.items())}
+
+
+def _results(items: list[dict[str, Any]]) -> list[RequestResult]:
     out = []
-    for item in report.get("requests", []):
+    for item in items:
         data = dict(item)
         data["itl_s"] = tuple(data.get("itl_s") or ())
         if data.get("path") is not None:

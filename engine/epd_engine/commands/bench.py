@@ -182,9 +182,12 @@ def _bench(args: argparse.Namespace) -> int:
     _print_summary(summary, label)
 
     mode = "sweep" if args.sweep else "goodput" if args.goodput else "single"
+    # Every rate's requests too (the profiler calibrates on a whole sweep, not one rate).
+    every_rate = {str(rate): [r.to_dict() for r in samples] for rate, samples in by_rate.items()}
     report = build_report(
         label=label, slo=slo, trace=summarize_trace(records), summary=summary,
         results=results, search=search, mode=mode, endpoint=args.endpoint, model=model,
+        extra={"requests_by_rate": every_rate} if every_rate else None,
     )  # fmt: skip
     if args.out:
         print(f"results: {write_report(report, args.out)}")

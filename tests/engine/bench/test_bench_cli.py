@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epd_engine.bench.report import load_report
+from epd_engine.bench.report import load_report, results_by_rate
 from epd_engine.cli import main
 from epd_engine.trace import read_trace
 from tests.engine.bench.fake_openai import FakeOpenAI
@@ -97,6 +97,9 @@ def test_bench_sweep_and_plot_only_compare(fake_openai: FakeOpenAI, tmp_path: Pa
     report = load_report(out)
     assert [p["rate_rps"] for p in report["points"]] == [20.0, 40.0]
     assert report["goodput_rps"] == 40.0 and report["mode"] == "sweep"
+    every_rate = results_by_rate(report)
+    assert sorted(every_rate) == [20.0, 40.0]
+    assert [len(results) for results in every_rate.values()] == [8, 8]
     plots = tmp_path / "cmp"
     assert main(["bench", "--compare", str(out), str(out), "--plots", str(plots)]) == 0
     assert {p.name for p in plots.iterdir()} == {
