@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
+
+from tqdm import tqdm
 
 from epd_engine.config import SLO
 from epd_engine.plan import Plan
@@ -150,6 +153,9 @@ def _plan_in_child(
     cost_label: str,
     num_in_window: int,
 ) -> None:
+    # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
+    # report as leaked when this process ends; the search is single-threaded here.
+    tqdm.set_lock(threading.RLock())
     try:
         plan = profiler_plan(spec, records, cost, cost_label, len(records), num_in_window)
         conn.send((True, plan.model_dump_json()))
@@ -170,7 +176,9 @@ def bounded_profiler_plan(
     max_requests: int = MAX_PLAN_REQUESTS,
 ) -> Plan:
     """``profiler_plan`` in a child process (spawned: the operator's threads are not forked),
-    killed after ``timeout_s``. Raises PlanningError on time-out or failure."""
+    killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
+    re-imports the main module, so a script calling this needs ``if __name__ == "__main__"``
+    (``kopf run`` and pytest have it)."""
     if not records:
         raise PlanningError("the trace window is empty")
     sample = subsample(records, max_requests)
