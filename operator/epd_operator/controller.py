@@ -12,9 +12,27 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from epd_engine.profiler.cost_model import FittedCostModel
 from epd_operator import resources as r
 from epd_operator.kube import Kube
-from epd_operator.loop import Observed, WorkloadStats, choose_plan, rollout_step, same_plan
+from epd_operator.loop import (
+    Observed,
+    Planner,
+    WorkloadStats,
+    choose_plan,
+    heuristic_plan,
+    replan_due,
+    rollout_step,
+    same_plan,
+)
+from epd_operator.planner import (
+    MAX_PLAN_REQUESTS,
+    PLAN_TIMEOUT_S,
+    auto_planner,
+    cost_model_from_json,
+    reference_cost,
+    workload_stats,
+)
 from epd_operator.prometheus import Prometheus
 from epd_operator.router_api import RouterAPI
 from epd_operator.spec import (
@@ -118,6 +136,16 @@ def invalid_spec_status(
     return new.model_dump(mode="json", by_alias=True)
 
 
+def _cost_model(kube: Kube, namespace: str, spec: EPDDeploymentSpec) -> tuple[FittedCostModel, str]:
+    """``spec.profiler.costModel`` from its ConfigMap, or the built-in reference."""
+    ref = spec.profiler.cost_model
+    if ref is None:
+        return reference_cost()
+    where = f"ConfigMap {ref.config_map_name} key {ref.key}"
+    text = kube.read_config_map_key(namespace, ref.config_map_name, ref.key)
+    return cost_model_from_json(text, where), where
+
+
 def reconcile(
     kube: Kube,
     name: str,
@@ -128,6 +156,8 @@ def reconcile(
     raw_status: dict[str, Any] | None,
     post_event: PostEvent,
     router_timeout_s: float = 2.0,
+    plan_timeout_s: float = PLAN_TIMEOUT_S,
+    plan_max_requests: int = MAX_PLAN_REQUESTS,
 ) -> dict[str, Any]:
     """Converge the children of one EPDDeployment; returns the new ``status`` (camelCase)."""
     now = datetime.now(UTC)
@@ -140,20 +170,37 @@ def reconcile(
     status = _status(raw_status)
     owner = r.Owner(name=name, namespace=namespace, uid=uid, spec=spec)
 
+    token = kube.ensure_secret(lambda t: r.render_secret(owner, t), namespace, r.secret_name(owner))
+    router = RouterAPI(r.router_url(owner), token, router_timeout_s)
+
     # which plan
-    stats = None
-    if spec.disaggregation.mode == "Auto" and spec.monitoring.prometheus_url:
-        prom = Prometheus(spec.monitoring.prometheus_url)
-        stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
     last_planned = _parse_ts(status.last_planned)
     since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
     planned_on = from_snapshot(status.planned_on) if status.planned_on else None
-    plan, replanned = choose_plan(spec, status.plan, stats, planned_on, since_plan)
+    stats: WorkloadStats | None = None
+    planner: Planner = heuristic_plan
+    if replan_due(spec, status.plan, since_plan):  # Auto only; the window is read only then
+        trace = router.trace_window(spec.profiler.trace_window_seconds)
+        if trace is not None:
+            stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
+        elif spec.monitoring.prometheus_url:
+            prom = Prometheus(spec.monitoring.prometheus_url)
+            stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
+        planner = auto_planner(
+            trace.records if trace is not None else None,
+            lambda: _cost_model(kube, namespace, spec),
+            timeout_s=plan_timeout_s,
+            max_requests=plan_max_requests,
+        )
+    plan, replanned = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner)
     new_planned_on = status.planned_on
+    plan_status = status.plan
     if replanned:
         last_planned = now
         new_planned_on = snapshot(stats) if stats is not None else None
-    plan_status = status.plan
+        if plan_status is not None and same_plan(plan_status.to_plan(), plan):
+            # same pools: keep the revision, record the new reason and prediction
+            plan_status = PlanStatus.from_plan(plan, plan_status.revision)
     if plan_status is None or not same_plan(plan_status.to_plan(), plan):
         revision = plan_status.revision + 1 if plan_status else 1
         before = plan_status.to_plan().describe() if plan_status else "none"
@@ -164,10 +211,10 @@ def reconcile(
             f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
         )
         last_planned = now
+    # Render what the status records, so later passes (which read it back) render the same.
+    plan = plan_status.to_plan()
 
     # shared children
-    token = kube.ensure_secret(lambda t: r.render_secret(owner, t), namespace, r.secret_name(owner))
-    router = RouterAPI(r.router_url(owner), token, router_timeout_s)
     desired = r.pool_specs(owner, plan)
     observed = Observed(
         pools=kube.observe_pools(namespace, name, spec.gpu_resource_name),

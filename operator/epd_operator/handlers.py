@@ -77,6 +77,8 @@ def reconcile_timer(
             raw_status={k: v for k, v in status.items() if k != "kopf"},
             post_event=post_event,
             router_timeout_s=SETTINGS.router_timeout_s,
+            plan_timeout_s=SETTINGS.plan_timeout_s,
+            plan_max_requests=SETTINGS.plan_max_requests,
         )
     except ApiException as exc:
         raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc

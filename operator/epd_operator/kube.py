@@ -2,8 +2,8 @@
 
 Every call here is one the chart's RBAC grants (charts/epd-operator/templates/rbac.yaml):
 deployments (get/list/create/update/delete), services (get/create/update/delete),
-configmaps (get/create/update), secrets (get/create), pods (list, to explain unschedulable
-ones).
+configmaps (get/create/update; get also reads ``spec.profiler.costModel``), secrets
+(get/create), pods (list, to explain unschedulable ones).
 """
 
 from __future__ import annotations
@@ -88,6 +88,19 @@ class Kube:
         token = secrets.token_urlsafe(32)
         self.core.create_namespaced_secret(namespace, manifest_for(token))
         return token
+
+    def read_config_map_key(self, namespace: str, name: str, key: str) -> str:
+        """One data value of a ConfigMap; ValueError naming it when it or the key is missing."""
+        try:
+            config_map = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ValueError(f"ConfigMap {namespace}/{name} not found") from None
+            raise
+        data = config_map.data or {}
+        if key not in data:
+            raise ValueError(f"ConfigMap {namespace}/{name} has no key {key!r}")
+        return str(data[key])
 
     # --- observation -------------------------------------------------------------------------
 

@@ -268,7 +268,7 @@ def _conditions(
 
 @dataclass(frozen=True)
 class WorkloadStats:
-    """The live workload over the profiler's trace window (from Prometheus)."""
+    """The live workload over the profiler's trace window (the router's trace, or Prometheus)."""
 
     num_requests: int
     request_rate_rps: float
@@ -278,6 +278,9 @@ class WorkloadStats:
     slo_attainment: float | None = None  # share of requests meeting both SLOs
 
 
+# Makes a plan from the spec and the live workload. ``heuristic_plan`` is one; the operator
+# passes ``planner.auto_planner(...)``, which also holds the trace window and the cost model
+# and runs the trace-replay profiler when the window has enough requests.
 Planner = Callable[[EPDDeploymentSpec, WorkloadStats | None], Plan]
 
 
@@ -290,19 +293,23 @@ def _instances(plan: PlanStatus) -> int:
     return sum(plan.pools.as_dict().values())
 
 
-def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan:
-    """A starting plan for ``mode: Auto`` until the trace-replay profiler has a trace.
-
-    Splits the instances the budget allows in proportion to rough per-stage work: image
-    count for E, prompt tokens for P, output tokens for D (decode weighted 2x: memory-bound).
-    """
+def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: str = "") -> Plan:
+    """The ``mode: Auto`` plan when the trace-replay profiler cannot run (``why`` says why,
+    e.g. no trace yet). Splits the instances the budget allows in proportion to rough
+    per-stage work: image count for E, prompt tokens for P, output tokens for D (decode
+    weighted 2x: memory-bound)."""
     from epd_engine.config import Method
 
     n = instances_allowed(spec)
+    note = f" ({why})" if why else ""
     if n <= 1:
-        return Plan(method=Method.EPD, pools={Role.EPD: 1}, reason="budget fits one instance")
+        return Plan(
+            method=Method.EPD, pools={Role.EPD: 1}, reason="budget fits one instance" + note
+        )
     if n == 2:
-        return Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}, reason="budget fits two")
+        return Plan(
+            method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}, reason="budget fits two" + note
+        )
     images = stats.mean_images if stats and stats.mean_images is not None else 1.0
     prompt = stats.mean_prompt_tokens if stats and stats.mean_prompt_tokens is not None else 512.0
     output = stats.mean_output_tokens if stats and stats.mean_output_tokens is not None else 256.0
@@ -313,10 +320,11 @@ def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan
     while sum(counts.values()) > n:
         biggest = max(counts, key=lambda r: counts[r])
         counts[biggest] -= 1
-    why = "heuristic split of the GPU budget" + (
-        f" on {stats.num_requests} requests" if stats else " (no trace yet)"
-    )
-    return Plan(method=Method.E_P_D, pools=counts, reason=why)
+    if stats is not None and stats.num_requests > 0:
+        reason = f"heuristic split of the GPU budget on {stats.num_requests} requests{note}"
+    else:
+        reason = "heuristic split of the GPU budget (no trace yet" + (f": {why})" if why else ")")
+    return Plan(method=Method.E_P_D, pools=counts, reason=reason)
 
 
 def workload_shift_percent(before: WorkloadStats, now: WorkloadStats) -> float:
@@ -332,6 +340,20 @@ def workload_shift_percent(before: WorkloadStats, now: WorkloadStats) -> float:
     )
 
 
+def replan_due(
+    spec: EPDDeploymentSpec, current: PlanStatus | None, seconds_since_plan: float
+) -> bool:
+    """Whether ``choose_plan`` may call the planner this pass (Auto): no plan yet, the GPU
+    budget changed, or the interval passed. The operator reads the workload only then."""
+    if spec.disaggregation.mode == "Fixed":
+        return False
+    return (
+        current is None
+        or _instances(current) != instances_allowed(spec)
+        or seconds_since_plan >= spec.profiler.interval_seconds
+    )
+
+
 def choose_plan(
     spec: EPDDeploymentSpec,
     current: PlanStatus | None,
@@ -340,9 +362,10 @@ def choose_plan(
     seconds_since_plan: float,
     planner: Planner = heuristic_plan,
 ) -> tuple[Plan, bool]:
-    """The plan to run now. Fixed: the spec's. Auto: keep the current plan unless the
-    interval passed, the window has enough requests, and the workload shifted enough or the
-    live SLO attainment fell below the target. Returns (plan, whether the planner ran)."""
+    """The plan to run now. Fixed: the spec's. Auto: ``planner`` makes the first plan and a
+    new one when the GPU budget changed; otherwise keep the current plan unless the interval
+    passed, the window has enough requests, and the workload shifted enough or the live SLO
+    attainment fell below the target. Returns (plan, whether the planner ran)."""
     if spec.disaggregation.mode == "Fixed":
         return fixed_plan(spec), False
     if current is None or _instances(current) != instances_allowed(spec):

@@ -1,19 +1,34 @@
-"""Client of the router's internal API, used to drain pools before deleting them.
+"""Client of the router: its internal API (drains) and its live trace (Auto mode re-plans).
 
 ``GET /internal/pools`` -> ``{"active_pools": [...], "pools": {name: {"inflight": n, ...}}}``;
 ``PUT /internal/routing`` ``{"active_pools": [...]}`` -> the pools that get new requests.
-Both carry the shared ``X-EPD-Token``. When the router cannot be reached (no container runs
-in the kwok test cluster; a router restarting) the calls return None/False and the operator
-falls back to the drain timeout.
+Both carry the shared ``X-EPD-Token``. ``GET /v1/trace?since=S`` (or ``?last=S``) -> JSONL
+trace records, arrival times in seconds since router start, with that clock's current value
+in ``X-EPD-Trace-Clock-S``. When the router cannot be reached (no container runs in the kwok
+test cluster; a router restarting) the calls return None/False and the operator falls back
+to the drain timeout, or plans without the trace.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from epd_engine.trace import TraceRecord, duration_s, parse_trace, tail_window, window
+
 TOKEN_HEADER = "X-EPD-Token"
+TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """The router's recent trace: records rebased to the window start, and the seconds the
+    window really covers (shorter than asked while the router is younger than the window)."""
+
+    records: list[TraceRecord]
+    span_s: float
 
 
 class RouterAPI:
@@ -30,6 +45,39 @@ class RouterAPI:
             )
             resp.raise_for_status()
             return parse_in_flight(resp.json())
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def trace(self, since_s: float = 0.0) -> list[TraceRecord] | None:
+        """Requests that arrived ``since_s`` seconds after router start or later; None when
+        the router cannot be asked or answers something that is not a trace."""
+        got = self._trace({"since": since_s})
+        return None if got is None else got[0]
+
+    def trace_window(self, window_s: float) -> TraceWindow | None:
+        """The last ``window_s`` seconds of the trace, rebased to start at 0; None as ``trace``."""
+        got = self._trace({"last": window_s})
+        if got is None:
+            return None
+        records, clock_s = got
+        if clock_s is None:  # a router without the clock header: window by the last arrival
+            recent = tail_window(records, window_s)
+            return TraceWindow(recent, min(window_s, duration_s(records)))
+        start_s = max(0.0, clock_s - window_s)
+        return TraceWindow(window(records, start_s, float("inf")), clock_s - start_s)
+
+    def _trace(self, params: dict[str, float]) -> tuple[list[TraceRecord], float | None] | None:
+        try:
+            resp = httpx.get(
+                f"{self.base_url}/v1/trace",
+                params=params,
+                headers=self.headers,
+                timeout=httpx.Timeout(max(self.timeout_s, 10.0), connect=self.timeout_s),
+            )
+            resp.raise_for_status()
+            records = parse_trace(resp.text.splitlines(), f"{self.base_url}/v1/trace")
+            clock = resp.headers.get(TRACE_CLOCK_HEADER)
+            return records, float(clock) if clock is not None else None
         except (httpx.HTTPError, ValueError):
             return None
 

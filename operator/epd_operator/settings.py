@@ -10,12 +10,15 @@ from dataclasses import dataclass
 class OperatorSettings:
     resync_s: float = 10.0  # level-triggered timer interval
     router_timeout_s: float = 2.0  # internal API calls to the router
+    plan_timeout_s: float = 60.0  # Auto: the plan search is killed after this (heuristic then)
+    plan_max_requests: int = 1000  # Auto: larger trace windows are sampled down to this
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
+        env = os.environ
         return cls(
-            resync_s=float(os.environ.get("EPD_OPERATOR_RESYNC_S", cls.resync_s)),
-            router_timeout_s=float(
-                os.environ.get("EPD_OPERATOR_ROUTER_TIMEOUT_S", cls.router_timeout_s)
-            ),
+            resync_s=float(env.get("EPD_OPERATOR_RESYNC_S", cls.resync_s)),
+            router_timeout_s=float(env.get("EPD_OPERATOR_ROUTER_TIMEOUT_S", cls.router_timeout_s)),
+            plan_timeout_s=float(env.get("EPD_OPERATOR_PLAN_TIMEOUT_S", cls.plan_timeout_s)),
+            plan_max_requests=int(env.get("EPD_OPERATOR_PLAN_MAX_REQUESTS", cls.plan_max_requests)),
         )

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
+from epd_engine.plan import Plan, Prediction
 
 GROUP = "epd.serving.dev"
 VERSION = "v1alpha1"
@@ -195,6 +195,23 @@ class DisaggregationSpec(_Model):
         return self
 
 
+class CostModelRef(_Model):
+    """A cost model JSON made by ``epdctl profile-costs``, stored in a ConfigMap."""
+
+    config_map_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="ConfigMap in the EPDDeployment's namespace that holds the cost model.",
+    )
+    key: str = Field(
+        default="cost-model.json",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Data key of the ConfigMap with the cost model JSON.",
+    )
+
+
 class ProfilerSpec(_Model):
     interval_seconds: int = Field(
         default=300, ge=30, description="How often to consider re-planning."
@@ -207,6 +224,11 @@ class ProfilerSpec(_Model):
     )
     min_requests: int = Field(
         default=200, ge=1, description="Fewest requests in the window to re-plan."
+    )
+    cost_model: CostModelRef | None = Field(
+        default=None,
+        description="Measured cost model the plan search simulates with; unset: the built-in "
+        "synthetic reference (LLaVA-1.5-7B fp16 on an H800-class GPU).",
     )
 
 
@@ -330,22 +352,43 @@ class PlanStatus(_Model):
     predicted_goodput_rps: str = Field(
         default="", description="Decimal string (no floats in the API)."
     )
+    predicted_ttft_p90_milliseconds: int | None = Field(
+        default=None, ge=0, description="p90 TTFT the profiler predicts at that goodput."
+    )
+    predicted_tpot_p90_milliseconds: int | None = Field(
+        default=None, ge=0, description="p90 TPOT the profiler predicts at that goodput."
+    )
     revision: int = Field(default=1, ge=1)
 
     @classmethod
     def from_plan(cls, plan: Plan, revision: int) -> PlanStatus:
-        goodput = f"{plan.predicted.goodput_rps:.2f}" if plan.predicted else ""
+        p = plan.predicted
         return cls(
             method=plan.method,
             pools=PoolCounts.from_dict(dict(plan.pools)),
             summary=plan.describe().split(" ", 1)[1],
             reason=plan.reason,
-            predicted_goodput_rps=goodput,
+            predicted_goodput_rps=f"{p.goodput_rps:.2f}" if p else "",
+            predicted_ttft_p90_milliseconds=round(p.ttft_p90_s * 1000) if p else None,
+            predicted_tpot_p90_milliseconds=round(p.tpot_p90_s * 1000) if p else None,
             revision=revision,
         )
 
     def to_plan(self) -> Plan:
-        return Plan(method=self.method, pools=self.pools.as_dict(), reason=self.reason)
+        """The plan as recorded (predictions at the status's precision; no batch budgets)."""
+        predicted = None
+        if self.predicted_goodput_rps:
+            predicted = Prediction(
+                goodput_rps=float(self.predicted_goodput_rps),
+                ttft_p90_s=(self.predicted_ttft_p90_milliseconds or 0) / 1000,
+                tpot_p90_s=(self.predicted_tpot_p90_milliseconds or 0) / 1000,
+            )
+        return Plan(
+            method=self.method,
+            pools=self.pools.as_dict(),
+            reason=self.reason,
+            predicted=predicted,
+        )
 
 
 class PoolStatus(_Model):

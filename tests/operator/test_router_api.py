@@ -16,6 +16,7 @@ import pytest
 
 from epd_engine.plan import Plan
 from epd_engine.router.settings import RouterSettings
+from epd_engine.trace import TraceRecord, write_trace
 from epd_operator import resources as r
 from epd_operator.router_api import RouterAPI, parse_in_flight
 from tests.operator.conftest import make_owner
@@ -53,8 +54,25 @@ def _free_port() -> int:
 
 @pytest.fixture
 def router_url(tmp_path: Path) -> Iterator[str]:
+    yield from _router(tmp_path, {"model": "llava"})
+
+
+RECORDED = [
+    TraceRecord(arrival_s=float(i), prompt_tokens=10 * i, output_tokens=4, ttft_s=0.1)
+    for i in range(3)
+]
+
+
+@pytest.fixture
+def router_with_trace_url(tmp_path: Path) -> Iterator[str]:
+    """A router whose trace directory already holds three records (arrivals 0, 1 and 2 s)."""
+    write_trace(RECORDED, tmp_path / "trace" / "trace.jsonl")
+    yield from _router(tmp_path, {"model": "llava", "trace_dir": str(tmp_path / "trace")})
+
+
+def _router(tmp_path: Path, settings: dict[str, object]) -> Iterator[str]:
     config = tmp_path / "router.json"
-    config.write_text(json.dumps({"model": "llava"}))
+    config.write_text(json.dumps(settings))
     port = _free_port()
     env = {**os.environ, "EPD_INTERNAL_TOKEN": TOKEN}
     main = "import sys; from epd_engine.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -100,3 +118,35 @@ def test_unreachable_router_reads_as_unknown() -> None:
     api = RouterAPI(f"http://127.0.0.1:{_free_port()}", TOKEN, timeout_s=0.5)
     assert api.in_flight() is None
     assert api.set_routing(["a"]) is False
+    assert api.trace(0) is None
+    assert api.trace_window(900) is None
+
+
+@pytest.mark.slow
+def test_trace_of_a_fresh_router_is_empty(router_url: str) -> None:
+    api = RouterAPI(router_url, TOKEN, timeout_s=5)
+    assert api.trace(0) == []
+    recent = api.trace_window(900)
+    assert recent is not None and recent.records == []
+    assert 0 < recent.span_s < 900  # the router is younger than the window
+
+
+@pytest.mark.slow
+def test_trace_since_and_window_read_the_recorded_trace(router_with_trace_url: str) -> None:
+    api = RouterAPI(router_with_trace_url, TOKEN, timeout_s=5)
+    assert api.trace(0) == RECORDED
+    assert api.trace(1.0) == RECORDED[1:]
+    recent = api.trace_window(600)
+    assert recent is not None
+    assert recent.records == RECORDED  # window starts at the router's start: not rebased
+    clock_s = recent.span_s
+    assert 0 < clock_s < 600
+    # a window 0.5 s shorter than the router's age starts ~0.5 s after it: rebased records
+    short = api.trace_window(clock_s - 0.5)
+    assert short is not None and short.span_s == pytest.approx(clock_s - 0.5)
+    by_prompt = {r.prompt_tokens: r for r in RECORDED}
+    starts = [by_prompt[r.prompt_tokens].arrival_s - r.arrival_s for r in short.records]
+    start_s = starts[0]
+    assert starts == pytest.approx([start_s] * len(starts))  # rebased to the window start
+    assert 0.5 <= start_s <= 1.0
+    assert short.records[0].prompt_tokens == 10  # the record at 0 s is outside the window

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -40,12 +41,27 @@ async def list_models(request: Request) -> dict[str, object]:
     }
 
 
+TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
+
+
 @router.get("/v1/trace")
-async def trace(request: Request, since: float = 0.0) -> StreamingResponse:
-    """The live trace as JSONL: requests that arrived ``since`` seconds after router start."""
-    records = _dispatcher(request).recorder.since(since)
+async def trace(
+    request: Request, since: float = 0.0, last: float | None = None
+) -> StreamingResponse:
+    """The live trace as JSONL: requests that arrived ``since`` seconds after router start, or
+    (``last``) in the last that many seconds. Arrival times are seconds since router start;
+    the ``X-EPD-Trace-Clock-S`` header is that clock now, so a caller knows the span covered."""
+    dispatcher = _dispatcher(request)
+    clock_s = time.monotonic() - dispatcher.started_s
+    if last is not None:
+        since = max(since, clock_s - last)
+    records = dispatcher.recorder.since(since)
     lines = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records)
-    return StreamingResponse(iter([lines]), media_type="application/x-ndjson")
+    return StreamingResponse(
+        iter([lines]),
+        media_type="application/x-ndjson",
+        headers={TRACE_CLOCK_HEADER: f"{clock_s:.3f}"},
+    )
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -1,0 +1,243 @@
+"""Auto mode's planner: the trace-replay profiler on the router's live trace window.
+
+Pure (no kopf, no Kubernetes client): the controller hands it the trace window, the spec and
+a cost model. ``profiler_plan`` runs the plan search of ``epdctl plan`` (every method and
+every ratio for the instances the GPU budget pays for, scored by simulated goodput at the
+spec's SLOs); ``bounded_profiler_plan`` runs it in a child process that is killed at a time
+limit, so a reconcile pass never blocks for long; ``auto_planner`` is what ``choose_plan``
+calls: the profiler when the window has ``profiler.minRequests`` records, else the heuristic
+(``loop.heuristic_plan``) with a reason saying why. ``workload_stats`` measures the window for
+the shift and SLO-attainment triggers, so Auto mode needs no Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+
+from tqdm import tqdm
+
+from epd_engine.config import SLO
+from epd_engine.plan import Plan
+from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.reference import reference_cost_model
+from epd_engine.profiler.search import search_plans, to_plan
+from epd_engine.trace import TraceRecord, sort_by_arrival
+from epd_operator.loop import Planner, WorkloadStats, heuristic_plan, instances_allowed
+from epd_operator.spec import EPDDeploymentSpec
+
+MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
+PLAN_TIMEOUT_S = 60.0
+REFERENCE_LABEL = "built-in synthetic reference (LLaVA-1.5-7B fp16, H800-class GPU)"
+
+# () -> (cost model, how to name it in the plan's reason); ValueError when it cannot be read.
+CostSource = Callable[[], tuple[FittedCostModel, str]]
+
+
+class PlanningError(RuntimeError):
+    """The profiler produced no plan (no feasible plan, time limit, crash); says why."""
+
+
+def reference_cost() -> tuple[FittedCostModel, str]:
+    return reference_cost_model(), REFERENCE_LABEL
+
+
+def cost_model_from_json(text: str, source: str) -> FittedCostModel:
+    """A cost model JSON (``epdctl profile-costs``); ValueError naming ``source`` if it is not."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: not a cost model (expected a JSON object)")
+    return FittedCostModel.from_dict(data, source=source)
+
+
+# --- the workload ----------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def workload_stats(
+    records: Sequence[TraceRecord], window_s: float, slo: SLO | None = None
+) -> WorkloadStats:
+    """Rate and per-request means of a trace window covering ``window_s`` seconds.
+
+    With ``slo``, attainment is the share of the records that carry a measured TTFT and
+    meet both SLOs (the router records finished requests only, so failures do not count).
+    """
+    measured = [r for r in records if r.ttft_s is not None]
+    attainment = None
+    if slo is not None and measured:
+        met = sum(
+            (r.ttft_s or 0.0) <= slo.ttft_s and (r.tpot_p90_s or 0.0) <= slo.tpot_s
+            for r in measured
+        )
+        attainment = met / len(measured)
+    return WorkloadStats(
+        num_requests=len(records),
+        request_rate_rps=len(records) / window_s if window_s > 0 else 0.0,
+        mean_prompt_tokens=_mean([r.prompt_tokens for r in records]),
+        mean_images=_mean([r.num_images for r in records]),
+        mean_output_tokens=_mean([r.output_tokens for r in records]),
+        slo_attainment=attainment,
+    )
+
+
+def subsample(records: Sequence[TraceRecord], max_requests: int) -> list[TraceRecord]:
+    """At most ``max_requests`` records, evenly spaced in arrival order (deterministic), so the
+    sample keeps the window's mix and arrival pattern; rebased to start at 0."""
+    ordered = sort_by_arrival(records)
+    if len(ordered) > max_requests:
+        ordered = [ordered[i * len(ordered) // max_requests] for i in range(max_requests)]
+    start_s = ordered[0].arrival_s if ordered else 0.0
+    return [r.model_copy(update={"arrival_s": r.arrival_s - start_s}) for r in ordered]
+
+
+# --- the profiler ----------------------------------------------------------------------------
+
+
+def profiler_plan(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    max_requests: int = MAX_PLAN_REQUESTS,
+    num_in_window: int | None = None,
+) -> Plan:
+    """The highest-goodput plan for the trace, by exhaustive simulated search.
+
+    Candidates: every method and ratio for ``instances_allowed(spec)`` instances, at the
+    spec's TTFT/TPOT SLOs. The plan carries ``predicted`` (goodput, p90 TTFT/TPOT at it) and
+    its trace provenance; batch budgets are left out (each engine measures its own at
+    start-up). ``num_in_window``: how many requests ``records`` was sampled from, if it was.
+    Raises PlanningError when no candidate meets the SLOs at any rate.
+    """
+    if not records:
+        raise PlanningError("the trace window is empty")
+    sample = subsample(records, max_requests)
+    slo = spec.slo.to_slo()
+    num_instances = instances_allowed(spec)
+    evaluator, result, _ = search_plans(
+        sample, cost, slo, num_instances, with_heuristic=False, show_progress=False
+    )
+    at = f"TTFT<={slo.ttft_s:g}s, TPOT<={slo.tpot_s:g}s"
+    if result.best is None:
+        raise PlanningError(
+            f"none of {result.num_candidates} plans for {num_instances} instances meets {at} "
+            f"at any rate on this cost model"
+        )
+    total = max(num_in_window or 0, len(records))
+    on = f"{len(sample)} requests"
+    if len(sample) < total:
+        on = f"{len(sample)} of {total} requests (evenly sampled)"
+    label = cost_label or str(cost.meta.get("source", "unnamed"))
+    reason = (
+        f"profiler: best of {result.num_candidates} plans on {on} at {at} "
+        f"({result.num_pruned} pruned by bound); cost model: {label}"
+    )
+    plan = to_plan(evaluator, result.best, reason)
+    return plan.model_copy(update={"budgets": {}})
+
+
+def _plan_in_child(
+    conn: Connection,
+    spec: EPDDeploymentSpec,
+    records: list[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str,
+    num_in_window: int,
+) -> None:
+    # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
+    # report as leaked when this process ends; the search is single-threaded here.
+    tqdm.set_lock(threading.RLock())
+    try:
+        plan = profiler_plan(spec, records, cost, cost_label, len(records), num_in_window)
+        conn.send((True, plan.model_dump_json()))
+    except PlanningError as exc:
+        conn.send((False, str(exc)))
+    except Exception as exc:  # a bug: reported, and the parent falls back to the heuristic
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def bounded_profiler_plan(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    timeout_s: float = PLAN_TIMEOUT_S,
+    max_requests: int = MAX_PLAN_REQUESTS,
+) -> Plan:
+    """``profiler_plan`` in a child process (spawned: the operator's threads are not forked),
+    killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
+    re-imports the main module, so a script calling this needs ``if __name__ == "__main__"``
+    (``kopf run`` and pytest have it)."""
+    if not records:
+        raise PlanningError("the trace window is empty")
+    sample = subsample(records, max_requests)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_plan_in_child,
+        args=(send, spec, sample, cost, cost_label, len(records)),
+        name="epd-plan-search",
+        daemon=True,
+    )
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            raise PlanningError(f"the plan search took longer than {timeout_s:g} s")
+        try:
+            ok, payload = receive.recv()
+        except EOFError:
+            raise PlanningError(
+                f"the plan search process died (exit code {child.exitcode})"
+            ) from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(timeout=5)
+        receive.close()
+    if not ok:
+        raise PlanningError(payload)
+    return Plan.model_validate_json(payload)
+
+
+def auto_planner(
+    records: Sequence[TraceRecord] | None,
+    cost_source: CostSource = reference_cost,
+    *,
+    no_trace_why: str = "router trace unavailable",
+    timeout_s: float = PLAN_TIMEOUT_S,
+    max_requests: int = MAX_PLAN_REQUESTS,
+) -> Planner:
+    """The planner ``choose_plan`` calls in Auto mode, for this pass's trace window
+    (``records``; None when the trace could not be read, ``no_trace_why`` says why).
+
+    At least ``profiler.minRequests`` records: the bounded profiler. Otherwise, or when the
+    cost model cannot be read or the search fails: ``heuristic_plan``, its reason saying why.
+    """
+
+    def plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan:
+        if records is None:
+            return heuristic_plan(spec, stats, no_trace_why)
+        need = spec.profiler.min_requests
+        if len(records) < need:
+            return heuristic_plan(
+                spec, stats, f"{len(records)} requests in the trace window, profiler needs {need}"
+            )
+        try:
+            cost, label = cost_source()
+            return bounded_profiler_plan(spec, records, cost, label, timeout_s, max_requests)
+        except (PlanningError, ValueError) as exc:
+            return heuristic_plan(spec, stats, f"profiler gave no plan: {exc}")
+
+    return plan
