@@ -98,7 +98,8 @@ bench-plan: venv ## Plan-search speed (32 GPUs x 2,000 requests) and heuristic g
 	$(PY) benchmarks/bench_plan.py --out benchmarks/results/plan-search.json
 
 bench-fidelity: venv model ## Real system (epdctl up + bench) vs simulator for 3 methods (JSON)
-	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --out benchmarks/results/fidelity-cpu.json
+	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --rates 1,2,3,4 --slo-ttft 0.75 --slo-tpot 0.1 \
+		--out benchmarks/results/fidelity-cpu.json
 
 .PHONY: bench-plan bench-fidelity
 
