@@ -34,6 +34,13 @@ class Metrics:
             registry=r,
             buckets=_TPOT_BUCKETS_S,
         )
+        self.tpot_p90 = Histogram(
+            "epd_request_tpot_p90_seconds",
+            "Each finished request's own p90 gap between output tokens (what the TPOT SLO tests).",
+            _BASE,
+            registry=r,
+            buckets=_TPOT_BUCKETS_S,
+        )
         self.e2e = Histogram(
             "epd_request_e2e_seconds",
             "End-to-end request latency.",

@@ -145,6 +145,8 @@ class Dispatcher:
         for gap in gaps:
             m.tpot.labels(**labels).observe(gap)
         tpot_p90 = float(np.percentile(gaps, 90)) if gaps else 0.0
+        if gaps:
+            m.tpot_p90.labels(**labels).observe(tpot_p90)
         if ttft_s <= self.settings.slo_ttft_s and tpot_p90 <= self.settings.slo_tpot_s:
             m.slo_met.labels(**labels).inc()
         info = request.prompt_info

@@ -77,6 +77,8 @@ class _Timer:
             m.tpot.labels(**labels).observe(float(gap))
         slo = self.state.config.slo
         tpot_p90 = float(np.percentile(gaps, 90)) if len(gaps) else 0.0
+        if len(gaps):
+            m.tpot_p90.labels(**labels).observe(tpot_p90)
         if outcome == "success" and ttft_s <= slo.ttft_s and tpot_p90 <= slo.tpot_s:
             m.slo_met.labels(**labels).inc()
 

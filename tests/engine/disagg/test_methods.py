@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -93,6 +94,8 @@ def test_method_outputs_match_single_epd_instance(
     assert sums["epd_request_prompt_tokens_sum"] == sum(r.prompt_tokens for r in records)
     assert sums["epd_request_images_sum"] == sum(len(r.images) for r in records)
     assert sums["epd_request_output_tokens_sum"] == sum(r.output_tokens for r in records)
+    own_p90s = [float(np.percentile(r.tpot_s, 90)) for r in records if r.tpot_s]
+    assert sums["epd_request_tpot_p90_seconds_sum"] == pytest.approx(sum(own_p90s))
     json.dumps([r.model_dump() for r in records])  # records are plain data
 
 
