@@ -232,7 +232,8 @@ def reconcile(
             kube.apply(r.render_pool_deployment(owner, pool, plan))
             kube.apply(r.render_pool_service(owner, pool))
     if decision.route_to != observed.active_pools:
-        applied = router.set_routing(sorted(decision.route_to))
+        serves_plan = decision.route_to == frozenset(p.name for p in desired)
+        applied = router.set_routing(sorted(decision.route_to), plan if serves_plan else None)
         if not applied and observed.in_flight is not None:
             raise RoutingNotApplied(f"router {router.base_url} did not accept the new routing")
     kube.apply(r.render_configmap(owner, plan, sorted(decision.route_to)))

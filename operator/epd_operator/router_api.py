@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from epd_engine.plan import Plan
 from epd_engine.trace import TraceRecord, duration_s, parse_trace, tail_window, window
 
 TOKEN_HEADER = "X-EPD-Token"
@@ -81,11 +82,16 @@ class RouterAPI:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def set_routing(self, pools: list[str]) -> bool:
+    def set_routing(self, pools: list[str], plan: Plan | None = None) -> bool:
+        """Send new requests to ``pools`` only (the plan they serve shows in ``epd_plan_info``);
+        False when the router did not take it."""
+        body: dict[str, Any] = {"active_pools": sorted(pools)}
+        if plan is not None:
+            body["plan"] = plan.model_dump(mode="json")
         try:
             resp = httpx.put(
                 f"{self.base_url}/internal/routing",
-                json={"active_pools": sorted(pools)},
+                json=body,
                 headers=self.headers,
                 timeout=self.timeout_s,
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from epd_engine.config import Method, Role
 from epd_engine.plan import Plan
 from epd_engine.router.settings import RouterSettings
 from epd_engine.trace import TraceRecord, write_trace
@@ -110,6 +111,16 @@ def test_drain_client_against_the_real_router(router_url: str) -> None:
     assert api.set_routing(["llava-epd-3"])
     metrics = httpx.get(f"{router_url}/metrics").text
     assert 'epd_reconfigurations_total{model="llava",pool="router",role="router"} 2.0' in metrics
+    plan = Plan(method=Method.EP_D, pools={Role.EP: 3, Role.D: 1}, reason="profiler: best")
+    assert api.set_routing(["llava-ep-4", "llava-d-4"], plan)
+    metrics = httpx.get(f"{router_url}/metrics").text
+    assert 'method="EP+D"' in metrics and 'pools="3EP1D"' in metrics
+    assert 'reason="profiler: best"' in metrics
+    bad = {"active_pools": ["x"], "plan": {"method": "E+X", "pools": {}}}
+    resp = httpx.put(f"{router_url}/internal/routing", json=bad, headers={"X-EPD-Token": TOKEN})
+    assert resp.status_code == 422 and "plan" in resp.text
+    body = httpx.get(f"{router_url}/internal/pools", headers={"X-EPD-Token": TOKEN}).json()
+    assert body["active_pools"] == ["llava-d-4", "llava-ep-4"]  # a bad plan changes nothing
     wrong = RouterAPI(router_url, "wrong-token")
     assert wrong.in_flight() is None and not wrong.set_routing(["x"])
 

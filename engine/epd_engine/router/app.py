@@ -14,6 +14,7 @@ from epd_engine.config import internal_token
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
 from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
@@ -25,9 +26,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = Metrics(settings.model, "router", "router")
         if settings.plan is not None:
-            metrics.plan.labels(**metrics.labels).info(
-                {k: str(v) for k, v in settings.plan.items()}
-            )
+            publish_plan(metrics, plan_labels(settings.plan))
         registry = Registry(settings.instance_timeout_s)
         if settings.active_pools is not None:
             registry.active_pools = set(settings.active_pools)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel
 
 from epd_engine.config import Role
 from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.server.internal_api import require_token
 
@@ -113,15 +114,22 @@ async def inflight(request: Request) -> dict[str, object]:
 
 class Routing(BaseModel):
     active_pools: list[str] | None  # None: every registered pool takes new requests
+    plan: dict[str, object] | None = None  # the plan these pools serve (epd_plan_info)
 
 
 @router.put("/routing")
 async def set_routing(body: Routing, request: Request) -> dict[str, object]:
     """Switch new requests to these pools; requests already in others finish there."""
+    try:  # check the plan before anything changes
+        labels = plan_labels(body.plan) if body.plan is not None else None
+    except ValueError as exc:
+        raise HTTPException(422, f"plan: {exc}") from exc
     dispatcher = _dispatcher(request)
     registry = dispatcher.registry
     new = set(body.active_pools) if body.active_pools is not None else None
     if new != registry.active_pools:  # a re-sent switch is not another reconfiguration
         dispatcher.metrics.reconfigurations.labels(**dispatcher.metrics.labels).inc()
     registry.active_pools = new
+    if labels is not None:
+        publish_plan(dispatcher.metrics, labels)
     return {"active_pools": body.active_pools}
