@@ -147,12 +147,17 @@ class Overheads:
     the raw link (a socket ping and bulk throughput), a floor the plan bounds use.
 
     On one shared host these are CPU work that competes with every process of the deployment:
-    they are stored per unit of CPU share (``cpu_share``: processes per core, at least 1) and
-    the simulator multiplies them by its plan's share.
+    ``request_s``, ``handoff_s`` and ``pull_s`` are stored per unit of CPU share
+    (``cpu_share``: processes per core, at least 1) and the simulator multiplies them by its
+    plan's share. ``step_s`` is stored as measured and not scaled: a decode gap's overhead is
+    the engine loop of the decoding instance and the router's relay of its token, the same
+    processes in every plan, and the plan's other instances are idle for most of a decode
+    (measured on 2 cores, the gap distribution of EPD, share 1, matches that of E+P+D, share
+    2: p90 gap 5.0 vs 4.7 ms; contention while they are busy is ``host_cores`` sharing).
     """
 
     request_s: float = 0.0  # arrival -> queued on its first instance
-    step_s: float = 0.0  # added to every iteration
+    step_s: float = 0.0  # added to every iteration (not per share)
     handoff_s: float = 0.0  # source's stage done -> queued on the migration target
     pull_s: float = 0.0  # pull protocol latency beyond bytes / bandwidth
     # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).

@@ -1,6 +1,7 @@
 """Calibrated overheads as the simulator applies them: fixed medians, or seeded draws from
-their empirical quantiles (same seed, same run: simulations stay deterministic), times the
-plan's CPU share on a shared host (``Overheads``)."""
+their empirical quantiles (same seed, same run: simulations stay deterministic); the request,
+hand-off and pull overheads times the plan's CPU share on a shared host, the per-iteration
+step overhead as measured (``Overheads``)."""
 
 from __future__ import annotations
 
@@ -15,22 +16,22 @@ class Jitter:
         self.cpu_share = cpu_share
         self._rng = random.Random(seed)
 
-    def _draw(self, median: float, options: tuple[float, ...]) -> float:
+    def _draw(self, median: float, options: tuple[float, ...], share: float) -> float:
         value = self._rng.choice(options) if options else median
-        return value * self.cpu_share
+        return value * share
 
     def request_s(self) -> float:
         o = self.overheads
-        return self._draw(o.request_s, o.request_s_quantiles)
+        return self._draw(o.request_s, o.request_s_quantiles, self.cpu_share)
 
     def step_s(self) -> float:
         o = self.overheads
-        return self._draw(o.step_s, o.step_s_quantiles)
+        return self._draw(o.step_s, o.step_s_quantiles, 1.0)  # not per share
 
     def handoff_s(self) -> float:
         o = self.overheads
-        return self._draw(o.handoff_s, o.handoff_s_quantiles)
+        return self._draw(o.handoff_s, o.handoff_s_quantiles, self.cpu_share)
 
     def pull_s(self) -> float:
         o = self.overheads
-        return self._draw(o.pull_s, o.pull_s_quantiles)
+        return self._draw(o.pull_s, o.pull_s_quantiles, self.cpu_share)

@@ -6,6 +6,8 @@ from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
 from epd_engine.profiler.calibrate import calibrate, quantiles
+from epd_engine.profiler.cost_model import Overheads
+from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
 
 from .factories import make_trace, toy_cost_model
@@ -123,6 +125,9 @@ def test_overheads_are_stored_per_unit_of_cpu_share() -> None:
     assert shared.handoff_s_quantiles == tuple(
         pytest.approx(q / 2, abs=1e-6) for q in plain.handoff_s_quantiles
     )
+    # the engine loop's per-iteration overhead is the same processes in every plan: as measured
+    assert shared.step_s == pytest.approx(plain.step_s)
+    assert shared.step_s_quantiles == plain.step_s_quantiles
     with pytest.raises(ValueError, match="cpu_share"):
         calibrate(cost, results, cpu_share=0.5)
 
@@ -151,3 +156,14 @@ def test_calibrated_migration_overheads_show_up_in_simulated_latency() -> None:
     extra = o.request_s_quantiles[0] + o.handoff_s_quantiles[0] + o.pull_s_quantiles[0]
     assert slowed.ttft_s > plain.ttft_s + extra - 1e-3  # every draw is the same here
     assert slowed.itl_s[0] > plain.itl_s[0] + o.handoff_s + o.pull_s - 1e-3
+
+
+def test_jitter_scales_all_but_the_step_overhead_by_the_plans_share() -> None:
+    o = Overheads(request_s=0.01, step_s=0.002, handoff_s=0.003, pull_s=0.004)
+    shared, alone = Jitter(o, cpu_share=2.0), Jitter(o, cpu_share=1.0)
+    assert shared.request_s() == pytest.approx(2 * alone.request_s())
+    assert shared.handoff_s() == pytest.approx(2 * alone.handoff_s())
+    assert shared.pull_s() == pytest.approx(2 * alone.pull_s())
+    assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
+    drawn = Overheads(step_s_quantiles=(0.001, 0.005))
+    assert {Jitter(drawn, seed, cpu_share=2.0).step_s() for seed in range(20)} == {0.001, 0.005}
