@@ -7,7 +7,12 @@ Labels: ``model``, ``role``, ``pool`` on everything, plus ``stage``/``kind``/``c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from epd_engine.config import SLO
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.6, 1)
@@ -145,3 +150,18 @@ class Metrics:
         self.reconfigurations = Counter(
             "epd_reconfigurations_total", "Plan changes applied.", _BASE, registry=r
         )
+
+    def observe_tokens(
+        self, ttft_s: float, gaps_s: Sequence[float], slo: SLO, success: bool
+    ) -> None:
+        """A finished request's token latencies: TTFT, every gap, its own p90 gap, and the
+        SLO counter (successful requests whose TTFT and p90 gap are both within the SLO)."""
+        labels = self.labels
+        self.ttft.labels(**labels).observe(ttft_s)
+        for gap in gaps_s:
+            self.tpot.labels(**labels).observe(float(gap))
+        tpot_p90 = float(np.percentile(gaps_s, 90)) if len(gaps_s) else 0.0
+        if len(gaps_s):
+            self.tpot_p90.labels(**labels).observe(tpot_p90)
+        if success and ttft_s <= slo.ttft_s and tpot_p90 <= slo.tpot_s:
+            self.slo_met.labels(**labels).inc()

@@ -141,14 +141,7 @@ class Dispatcher:
             return
         ttft_s = request.token_times_s[0] - request.arrival_s
         gaps = np.diff(request.token_times_s).tolist()
-        m.ttft.labels(**labels).observe(ttft_s)
-        for gap in gaps:
-            m.tpot.labels(**labels).observe(gap)
-        tpot_p90 = float(np.percentile(gaps, 90)) if gaps else 0.0
-        if gaps:
-            m.tpot_p90.labels(**labels).observe(tpot_p90)
-        if ttft_s <= self.settings.slo_ttft_s and tpot_p90 <= self.settings.slo_tpot_s:
-            m.slo_met.labels(**labels).inc()
+        m.observe_tokens(ttft_s, gaps, self.settings.slo, success=True)
         info = request.prompt_info
         m.request_prompt_tokens.labels(**labels).observe(int(info.get("prompt_tokens", 0)))
         m.request_images.labels(**labels).observe(len(info.get("images", [])))

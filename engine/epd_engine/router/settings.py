@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from epd_engine.config import Method
+from epd_engine.config import SLO, Method
 
 
 class RouterSettings(BaseModel):
@@ -25,6 +25,10 @@ class RouterSettings(BaseModel):
     trace_max_files: int = Field(default=4, ge=1)
     active_pools: list[str] | None = None
     plan: dict[str, object] | None = None
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(ttft_s=self.slo_ttft_s, tpot_s=self.slo_tpot_s)
 
     @classmethod
     def from_file(cls, path: Path, **overrides: object) -> RouterSettings:

@@ -71,16 +71,8 @@ class _Timer:
         if not self.token_times_s:
             return
         ttft_s = self.token_times_s[0] - self.start_s
-        m.ttft.labels(**labels).observe(ttft_s)
-        gaps = np.diff(self.token_times_s)
-        for gap in gaps:
-            m.tpot.labels(**labels).observe(float(gap))
-        slo = self.state.config.slo
-        tpot_p90 = float(np.percentile(gaps, 90)) if len(gaps) else 0.0
-        if len(gaps):
-            m.tpot_p90.labels(**labels).observe(tpot_p90)
-        if outcome == "success" and ttft_s <= slo.ttft_s and tpot_p90 <= slo.tpot_s:
-            m.slo_met.labels(**labels).inc()
+        gaps = np.diff(self.token_times_s).tolist()
+        m.observe_tokens(ttft_s, gaps, self.state.config.slo, success=outcome == "success")
 
 
 @router.post("/v1/chat/completions", response_model=None)
