@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +24,7 @@ from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
+from epd_engine.timing import best_of
 from epd_engine.transfer.messages import PagesQuery
 
 log = logging.getLogger(__name__)
@@ -132,14 +132,14 @@ class LLMEngine:
         block_size = self.config.kv_block_size
         table = list(range(-(-num_tokens // block_size)))
         task = TokenTask("budget-probe", Stage.PREFILL, [1] * num_tokens, 0, table, sample=True)
-        return _best_of(lambda: self.runner.forward([task]))
+        return best_of(lambda: self.runner.forward([task]))
 
     def _time_encode(self, num_images: int) -> float:
         vision = self.runner.vision
         assert vision is not None
         size = self.model_config.image_size
         pixels = torch.zeros(num_images, 3, size, size, dtype=self.runner.dtype)
-        return _best_of(lambda: vision(pixels.to(self.runner.device)))
+        return best_of(lambda: vision(pixels.to(self.runner.device)))
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -289,14 +289,3 @@ class LLMEngine:
         for stage in Stage:
             self._stage_ready_s.pop((request_id, stage), None)
             self._stage_started.pop((request_id, stage), None)
-
-
-def _best_of(run: Callable[[], object], repeats: int = 3) -> float:
-    """Fastest of a few runs: iteration time without scheduling noise (first run warms up)."""
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best

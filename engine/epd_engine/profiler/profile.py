@@ -4,9 +4,10 @@ The runner is built the way ``LLMEngine`` builds it (same loaders, cache shapes,
 every sample runs ``ModelRunner.execute`` on a hand-made ``SchedulerOutput``: encode-only
 batches (1..N images), prefill chunks (sizes x contexts), decode batches (sizes x context
 lengths) and co-located batches (encode + prefill + decodes). Each time is the best of a few
-runs after a warm-up (``engine._best_of``'s rule). On CPU it runs with the engine's torch
-thread count (``EngineConfig.cpu_threads``, 1: instances share the host's cores), not torch's
-default of one thread per core, which times a different (and on a busy host, erratic) runner.
+runs after a warm-up (``timing.best_of``, as the engine times itself at start-up). On CPU
+it runs with the engine's torch thread count (``EngineConfig.cpu_threads``, 1: instances
+share the host's cores), not torch's default of one thread per core, which times a
+different (and on a busy host, erratic) runner.
 torch is imported only here, lazily.
 """
 
@@ -18,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from epd_engine.profiler.cost_model import (
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
+from epd_engine.timing import best_of
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,6 @@ class ProfileConfig:
     rounds: int = 3  # passes over all batches; the minimum per batch is kept (noisy hosts)
     cpu_threads: int = EngineConfig.cpu_threads  # torch threads on CPU, as each instance runs
     show_progress: bool = True
-
-
-def _best_of(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _powers(limit: int, start: int = 1) -> list[int]:
@@ -141,7 +133,7 @@ class RunnerProbe:
     def measure(self, out: SchedulerOutput) -> float:
         pixels = [self.pixels] * len(out.encodes)
         params = {t.request_id: self.params for t in out.token_tasks}
-        return _best_of(lambda: self.runner.execute(out, pixels, params), self.config.repeats)
+        return best_of(lambda: self.runner.execute(out, pixels, params), self.config.repeats)
 
 
 def _plan_batches(probe: RunnerProbe) -> list[tuple[str, SchedulerOutput]]:
