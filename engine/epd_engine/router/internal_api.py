@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel
 
-from epd_engine.config import Role
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.policy import InstanceLoad
@@ -22,26 +20,11 @@ def _dispatcher(request: Request) -> Dispatcher:
     return dispatcher
 
 
-def _as_json(load: InstanceLoad) -> dict[str, Any]:
-    return {**asdict(load), "role": load.role.value}
-
-
-class Heartbeat(BaseModel):
-    instance_id: str
-    url: str
-    role: Role
-    pool: str
-    num_waiting: int = 0
-    num_running: int = 0
-    free_kv_blocks: int = 0
-    free_image_blocks: int = 0
-
-
 @router.post("/instances/heartbeat")
-async def heartbeat(beat: Heartbeat, request: Request) -> dict[str, object]:
+async def heartbeat(beat: InstanceLoad, request: Request) -> dict[str, object]:
     registry = _dispatcher(request).registry
-    registry.heartbeat(InstanceLoad(**beat.model_dump()))
-    return {"instances": [_as_json(i) for i in registry.active()]}
+    registry.heartbeat(beat)
+    return {"instances": [i.to_json() for i in registry.active()]}
 
 
 class Events(BaseModel):
@@ -79,7 +62,7 @@ async def pools(request: Request) -> dict[str, object]:
     by_pool: dict[str, dict[str, Any]] = {}
     for load in registry.all():
         pool = by_pool.setdefault(load.pool, {"instances": [], "inflight": 0, "role": load.role})
-        pool["instances"].append(_as_json(load))
+        pool["instances"].append(load.to_json())
     for inflight in dispatcher.inflight.values():
         holder = registry.get(inflight.holder or "")
         if holder is not None and holder.pool in by_pool:

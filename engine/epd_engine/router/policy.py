@@ -8,8 +8,8 @@ same way among instances of the next stage's pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from epd_engine.config import Method, Role, Stage
 
@@ -30,6 +30,13 @@ class InstanceLoad:
     @property
     def queue_depth(self) -> int:
         return self.num_waiting + self.num_running
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "role": self.role.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InstanceLoad:
+        return cls(**{**data, "role": Role(str(data["role"]))})
 
 
 class RoutingPolicy(Protocol):

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict
 
 import httpx
 
 from epd_engine.async_engine import RequestOutput
-from epd_engine.config import Role
 from epd_engine.engine import LLMEngine
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.transfer.messages import Routing
@@ -68,12 +66,12 @@ class RouterLink:
             try:
                 response = await self.http.post(
                     f"{self.router_url}/internal/instances/heartbeat",
-                    json=_load_json(self.load(engine)),
+                    json=self.load(engine).to_json(),
                     headers=self.headers,
                     timeout=5.0,
                 )
                 response.raise_for_status()
-                self.instances = [_load_from(d) for d in response.json()["instances"]]
+                self.instances = [InstanceLoad.from_json(d) for d in response.json()["instances"]]
             except (httpx.HTTPError, KeyError, ValueError) as exc:
                 log.warning("heartbeat to %s failed: %r", self.router_url, exc)
             await asyncio.sleep(self.heartbeat_s)
@@ -132,13 +130,3 @@ class RouterLink:
             )
         except httpx.HTTPError as exc:
             log.error("cannot ask the router to retry %s: %r", routing.router_request_id, exc)
-
-
-def _load_json(load: InstanceLoad) -> dict[str, object]:
-    data = asdict(load)
-    data["role"] = load.role.value
-    return data
-
-
-def _load_from(data: dict[str, object]) -> InstanceLoad:
-    return InstanceLoad(**{**data, "role": Role(str(data["role"]))})  # type: ignore[arg-type]
