@@ -289,8 +289,9 @@ def instances_allowed(spec: EPDDeploymentSpec) -> int:
     return max(spec.gpu_budget // max(spec.engine.gpus_per_instance, 1), 1)
 
 
-def _instances(plan: PlanStatus) -> int:
-    return sum(plan.pools.as_dict().values())
+def budget_changed(spec: EPDDeploymentSpec, current: PlanStatus) -> bool:
+    """The plan no longer has the instances the GPU budget pays for (lowered or raised)."""
+    return current.to_plan().num_instances != instances_allowed(spec)
 
 
 def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: str = "") -> Plan:
@@ -349,7 +350,7 @@ def replan_due(
         return False
     return (
         current is None
-        or _instances(current) != instances_allowed(spec)
+        or budget_changed(spec, current)
         or seconds_since_plan >= spec.profiler.interval_seconds
     )
 
@@ -368,7 +369,7 @@ def choose_plan(
     attainment fell below the target. Returns (plan, whether the planner ran)."""
     if spec.disaggregation.mode == "Fixed":
         return fixed_plan(spec), False
-    if current is None or _instances(current) != instances_allowed(spec):
+    if current is None or budget_changed(spec, current):
         return planner(spec, stats), True  # first plan, or the GPU budget changed
     prof = spec.profiler
     if (

@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan, Prediction
+from epd_engine.transfer import TransferBackendName
 
 GROUP = "epd.serving.dev"
 VERSION = "v1alpha1"
@@ -261,7 +262,7 @@ class EngineSpec(_Model):
     num_image_blocks: int = Field(
         default=64, ge=1, description="Pages of the image-embedding cache."
     )
-    transfer_backend: Literal["tcp", "cuda_ipc", "nccl"] = Field(
+    transfer_backend: TransferBackendName = Field(
         default="tcp", description="Cache migration backend; this release implements tcp."
     )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)

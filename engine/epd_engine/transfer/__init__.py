@@ -1,5 +1,9 @@
 """Cache migration between instances (DESIGN.md §4): control messages + byte-moving backends."""
 
-# Names the deployment API accepts; only the ones this build implements can start.
-TRANSFER_BACKENDS = ("tcp", "cuda_ipc", "nccl")
+from typing import Literal, get_args
+
+# Names the deployment API accepts (the CRD's enum); only the ones this build implements
+# can start.
+TransferBackendName = Literal["tcp", "cuda_ipc", "nccl"]
+TRANSFER_BACKENDS: tuple[str, ...] = get_args(TransferBackendName)
 AVAILABLE_TRANSFER_BACKENDS = ("tcp",)
