@@ -23,6 +23,7 @@ from epd_operator.resources import (
     LABEL_POOL,
     LABEL_ROLE,
     Manifest,
+    label_value,
 )
 
 
@@ -107,7 +108,7 @@ class Kube:
     def observe_pools(
         self, namespace: str, owner_name: str, gpu_resource: str
     ) -> dict[str, ObservedPool]:
-        selector = f"{LABEL_DEPLOYMENT}={owner_name[:63]},{LABEL_COMPONENT}=engine"
+        selector = f"{LABEL_DEPLOYMENT}={label_value(owner_name)},{LABEL_COMPONENT}=engine"
         deployments = self.apps.list_namespaced_deployment(namespace, label_selector=selector)
         stuck = self._unschedulable(namespace, selector)
         pools = {}

@@ -104,14 +104,29 @@ def pool_specs(owner: Owner, plan: Plan) -> list[PoolSpec]:
     return pools
 
 
+def label_value(name: str) -> str:
+    """An object name as a label value (at most 63 characters)."""
+    return name[:63]
+
+
 def labels(owner: Owner, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "epd",
-        "app.kubernetes.io/instance": owner.name[:63],
+        "app.kubernetes.io/instance": label_value(owner.name),
         "app.kubernetes.io/managed-by": "epd-operator",
         LABEL_COMPONENT: component,
-        LABEL_DEPLOYMENT: owner.name[:63],
+        LABEL_DEPLOYMENT: label_value(owner.name),
     }
+
+
+def pool_selector(owner: Owner, pool: PoolSpec) -> dict[str, str]:
+    """The pods of one pool: its Deployment's selector and its Service's."""
+    return {LABEL_DEPLOYMENT: label_value(owner.name), LABEL_POOL: pool.name}
+
+
+def router_selector(owner: Owner) -> dict[str, str]:
+    """The router's pods: its Deployment's selector and its Service's."""
+    return {LABEL_DEPLOYMENT: label_value(owner.name), LABEL_COMPONENT: "router"}
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
@@ -278,7 +293,7 @@ def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
 def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest:
     engine = owner.spec.engine
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
-    selector = {LABEL_DEPLOYMENT: owner.name[:63], LABEL_POOL: pool.name}
+    selector = pool_selector(owner, pool)
     container = {
         "name": "engine",
         "image": engine.image,
@@ -339,7 +354,7 @@ def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
             "metadata": _metadata(owner, pool.name, "engine", pool_labels),
             "spec": {
                 "clusterIP": "None",
-                "selector": {LABEL_DEPLOYMENT: owner.name[:63], LABEL_POOL: pool.name},
+                "selector": pool_selector(owner, pool),
                 "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}],
             },
         }
@@ -376,7 +391,7 @@ def render_router_deployment(owner: Owner) -> Manifest:
         "resources": _resources(owner, 0, router.resources.requests, router.resources.limits),
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
-    selector = {LABEL_DEPLOYMENT: owner.name[:63], LABEL_COMPONENT: "router"}
+    selector = router_selector(owner)
     return with_hash(
         {
             "apiVersion": "apps/v1",
@@ -413,7 +428,7 @@ def render_router_service(owner: Owner) -> Manifest:
             "metadata": _metadata(owner, router_name(owner), "router"),
             "spec": {
                 "type": router.service_type,
-                "selector": {LABEL_DEPLOYMENT: owner.name[:63], LABEL_COMPONENT: "router"},
+                "selector": router_selector(owner),
                 "ports": [{"name": "http", "port": router.port, "targetPort": "http"}],
             },
         }
