@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
@@ -14,14 +13,17 @@ from epd_engine.errors import ModelNotFound
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
 from epd_engine.server.protocol import (
+    SSE_DONE,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    Choice,
     ChunkChoice,
     Delta,
-    ResponseMessage,
     Usage,
+    chat_response,
+    sse,
+    sse_error,
+    token_usage,
 )
 
 router = APIRouter()
@@ -90,15 +92,12 @@ async def chat_completions(
         finish = chunk
     if finish is None or finish.error:
         raise RuntimeError(finish.error if finish else "request ended without output")
-    return ChatCompletionResponse(
-        id=inflight.router_request_id,
-        model=body.model,
-        choices=[
-            Choice(
-                message=ResponseMessage(content="".join(text)), finish_reason=finish.finish_reason
-            )
-        ],
-        usage=_usage(inflight),
+    return chat_response(
+        inflight.router_request_id,
+        body.model,
+        "".join(text),
+        finish.finish_reason,
+        _usage(inflight),
     )
 
 
@@ -134,24 +133,19 @@ async def _sse(
         if finish is not None:
             body.epd_path = list(inflight.path)
             body.epd_stage_s = dict(inflight.stage_s)
-        return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        return sse(body)
 
     yield event(Delta(role="assistant", content=""))
     async for chunk in chunks:
         if chunk.error:
-            error = {"error": {"message": chunk.error, "type": "server_error"}}
-            yield f"data: {json.dumps(error)}\n\n"
+            yield sse_error(chunk.error)
             break
         if chunk.text or chunk.finish_reason:
             yield event(Delta(content=chunk.text or None), chunk.finish_reason)
     if include_usage:
         yield event(Delta(), usage=_usage(inflight))
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 def _usage(inflight: InflightRequest) -> Usage:
-    prompt = inflight.num_prompt_tokens
-    completion = len(inflight.token_ids)
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )
+    return token_usage(inflight.num_prompt_tokens, len(inflight.token_ids))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,14 +14,17 @@ from epd_engine.async_engine import RequestOutput
 from epd_engine.errors import ClientError, ModelNotFound
 from epd_engine.server.chat import prepare
 from epd_engine.server.protocol import (
+    SSE_DONE,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    Choice,
     ChunkChoice,
     Delta,
-    ResponseMessage,
     Usage,
+    chat_response,
+    sse,
+    sse_error,
+    token_usage,
 )
 from epd_engine.server.state import InstanceState
 
@@ -138,16 +140,7 @@ async def _collect(
         final = output
     if final.error:
         raise RuntimeError(final.error)
-    return ChatCompletionResponse(
-        id=request_id,
-        model=model,
-        choices=[
-            Choice(
-                message=ResponseMessage(content="".join(text)), finish_reason=final.finish_reason
-            )
-        ],
-        usage=_usage(final),
-    )
+    return chat_response(request_id, model, "".join(text), final.finish_reason, _usage(final))
 
 
 async def _sse(
@@ -160,27 +153,21 @@ async def _sse(
 ) -> AsyncIterator[str]:
     def chunk(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
         choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
-        body = ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage)
-        return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
 
     yield chunk(Delta(role="assistant", content=""))
     final = first
     async for output in _chain(first, rest, timer):
         final = output
         if output.error:
-            error = {"error": {"message": output.error, "type": "server_error"}}
-            yield f"data: {json.dumps(error)}\n\n"
+            yield sse_error(output.error)
             break
         if output.text_delta or output.finish_reason:
             yield chunk(Delta(content=output.text_delta or None), output.finish_reason)
     if include_usage:
         yield chunk(Delta(), usage=_usage(final))
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 def _usage(output: RequestOutput) -> Usage:
-    return Usage(
-        prompt_tokens=output.num_prompt_tokens,
-        completion_tokens=output.num_output_tokens,
-        total_tokens=output.num_prompt_tokens + output.num_output_tokens,
-    )
+    return token_usage(output.num_prompt_tokens, output.num_output_tokens)

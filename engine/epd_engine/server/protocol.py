@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Literal
 
@@ -79,6 +80,14 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+def token_usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -97,6 +106,18 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage
+
+
+def chat_response(
+    request_id: str, model: str, text: str, finish_reason: str | None, tokens: Usage
+) -> ChatCompletionResponse:
+    """The non-streaming answer, the same from an instance and from the router."""
+    return ChatCompletionResponse(
+        id=request_id,
+        model=model,
+        choices=[Choice(message=ResponseMessage(content=text), finish_reason=finish_reason)],
+        usage=tokens,
+    )
 
 
 class Delta(BaseModel):
@@ -121,3 +142,17 @@ class ChatCompletionChunk(BaseModel):
     # stage took (seconds), so `epdctl bench` can plot a real per-stage breakdown
     epd_path: list[str] | None = None
     epd_stage_s: dict[str, float] | None = None
+
+
+# --- server-sent events: one wire format for instances and the router ---------------------
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(chunk: ChatCompletionChunk) -> str:
+    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+
+def sse_error(message: str) -> str:
+    """An error mid-stream, as the OpenAI client raises it (``APIError``)."""
+    return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
