@@ -126,7 +126,8 @@ class Dispatcher:
         m = self.metrics
         labels = m.labels
         m.requests.labels(**labels, outcome=outcome).inc()
-        m.e2e.labels(**labels).observe(time.monotonic() - request.arrival_s)
+        e2e_s = time.monotonic() - request.arrival_s
+        m.e2e.labels(**labels).observe(e2e_s)
         for stage in ("encode", "prefill", "decode"):
             if stage in request.stage_s:
                 m.stage_execution.labels(**labels, stage=stage).observe(request.stage_s[stage])
@@ -143,20 +144,20 @@ class Dispatcher:
         gaps = np.diff(request.token_times_s).tolist()
         m.observe_tokens(ttft_s, gaps, self.settings.slo, success=True)
         info = request.prompt_info
-        m.request_prompt_tokens.labels(**labels).observe(int(info.get("prompt_tokens", 0)))
-        m.request_images.labels(**labels).observe(len(info.get("images", [])))
-        m.request_output_tokens.labels(**labels).observe(len(request.token_ids))
-        self.recorder.record(
-            TraceRecord(
-                arrival_s=request.arrival_s - self.started_s,
-                prompt_tokens=int(info.get("prompt_tokens", 0)),
-                images=tuple(ImageRef(**i) for i in info.get("images", [])),
-                output_tokens=len(request.token_ids),
-                request_id=request.router_request_id,
-                ttft_s=ttft_s,
-                tpot_s=tuple(gaps),
-                e2e_s=time.monotonic() - request.arrival_s,
-                path=tuple(request.path),
-                stage_s=dict(request.stage_s) or None,
-            )
+        record = TraceRecord(
+            arrival_s=request.arrival_s - self.started_s,
+            prompt_tokens=int(info.get("prompt_tokens", 0)),
+            images=tuple(ImageRef(**i) for i in info.get("images", [])),
+            output_tokens=len(request.token_ids),
+            request_id=request.router_request_id,
+            ttft_s=ttft_s,
+            tpot_s=tuple(gaps),
+            e2e_s=e2e_s,
+            path=tuple(request.path),
+            stage_s=dict(request.stage_s) or None,
         )
+        # the workload's shape, from the same record the trace keeps
+        m.request_prompt_tokens.labels(**labels).observe(record.prompt_tokens)
+        m.request_images.labels(**labels).observe(len(record.images))
+        m.request_output_tokens.labels(**labels).observe(record.output_tokens)
+        self.recorder.record(record)
