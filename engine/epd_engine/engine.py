@@ -18,14 +18,14 @@ from epd_engine.config import EngineConfig, Stage
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import CacheKind, Request
-from epd_engine.runner import CacheShape, ModelRunner, kv_pages, write_kv_pages
+from epd_engine.request import Request
+from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
-from epd_engine.transfer.messages import PagesQuery
+from epd_engine.transfer.memory import CacheMemory
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -54,10 +54,12 @@ class StepStats:
     stage_timings: list[StageTiming] = field(default_factory=list)
     pulls: list[PullTask] = field(default_factory=list)
     evicted_ids: list[str] = field(default_factory=list)
+    idle: bool = False  # nothing could run (waiting on pages, pulls or new work)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, memory: CacheMemory | None = None) -> None:
+        """``memory``: where the caches live (shared with same-host peers for ``shm``)."""
         self.config = config
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
@@ -77,7 +79,9 @@ class LLMEngine:
             image_block_tokens=self.model_config.num_image_tokens,  # one image per page
             hidden_size=self.model_config.hidden_size,
         )
-        self.runner = ModelRunner(vision, language, shape, dtype, config.device, with_images)
+        self.runner = ModelRunner(
+            vision, language, shape, dtype, config.device, with_images, memory
+        )
         kv = KVCacheManager(shape.num_kv_blocks, shape.kv_block_size) if language else None
         images = (
             ImageCacheManager(shape.num_image_blocks, shape.image_block_tokens)
@@ -183,6 +187,7 @@ class LLMEngine:
         stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
         stats.pulls = out.pulls
         stats.evicted_ids = out.evicted_ids
+        stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
         sampled = self.runner.execute(out, pixels, self._params)
@@ -250,33 +255,21 @@ class LLMEngine:
             self._offered.discard(request_id)
             self._forget(request_id)
 
-    def export_pages(self, request_id: str, query: PagesQuery) -> dict[str, torch.Tensor]:
-        """Step 3 on the source: the contents of a parked request's pages."""
+    def exposed_pages(self, request_id: str) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """Step 1 on the source: a parked request's pages a target will pull -- per image in
+        prompt order, and the KV pages that hold its computed tokens."""
         request = self.scheduler.migrating.get(request_id)
         if request is None:
             raise KeyError(request_id)
-        if query.kind is CacheKind.IMAGE:
-            assert self.scheduler.images is not None
-            slots = self.scheduler.images.slots(request_id)
-            return {
-                f"image.{i}": self.runner.read_image(slots[i].blocks)[
-                    : request.images[i].num_tokens
-                ]
-                for i in query.image_indices
-            }
-        assert self.scheduler.kv is not None
-        blocks = self.scheduler.kv.block_table(request_id)
-        used = blocks[: -(-request.num_computed_tokens // self.config.kv_block_size)]
-        return kv_pages(self.runner, used, range(query.layer_start, query.layer_stop))
-
-    def import_pages(self, task: PullTask, tensors: dict[str, torch.Tensor]) -> None:
-        """Step 3 on the target: write pulled contents into the pages allocated for them."""
-        if task.kind is CacheKind.IMAGE:
-            for index, blocks in task.image_blocks.items():
-                self.runner.write_image(blocks, tensors[f"image.{index}"])
-            return
-        used = task.kv_blocks[: -(-task.num_kv_tokens // self.config.kv_block_size)]
-        write_kv_pages(self.runner, used, tensors)
+        sched = self.scheduler
+        images = tuple(
+            tuple(slot.blocks) for slot in (sched.images.slots(request_id) if sched.images else [])
+        )
+        kv: tuple[int, ...] = ()
+        if sched.kv is not None:
+            used = -(-request.num_computed_tokens // self.config.kv_block_size)
+            kv = tuple(sched.kv.block_table(request_id)[:used])
+        return images, kv
 
     @property
     def num_layers(self) -> int:

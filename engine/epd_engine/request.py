@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from epd_engine.config import Stage
 from epd_engine.sampling import SamplingParams
@@ -63,11 +64,16 @@ class CacheKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class PullSpec:
-    """Where a migrated-in request's cache lives until this instance pulls it."""
+    """Where a migrated-in request's cache lives until this instance pulls it: the source,
+    how its transfer backends are reached (``descriptor``), and its pages (per image, in
+    prompt order; KV pages in sequence order)."""
 
     kind: CacheKind
     source_url: str
     source_instance: str
+    descriptor: dict[str, Any] = field(default_factory=dict)
+    image_pages: tuple[tuple[int, ...], ...] = ()
+    kv_pages: tuple[int, ...] = ()
 
 
 @dataclass

@@ -14,6 +14,8 @@ from epd_engine.model.attention import AttentionMetadata
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
+from epd_engine.transfer.backend import CacheRegions
+from epd_engine.transfer.memory import CacheMemory, PrivateMemory
 
 
 @dataclass(frozen=True)
@@ -34,23 +36,25 @@ class ModelRunner:
         dtype: torch.dtype,
         device: str,
         with_image_cache: bool,
+        memory: CacheMemory | None = None,
     ) -> None:
         self.vision = vision
         self.language = language
         self.shape = shape
         self.dtype = dtype
         self.device = torch.device(device)
+        memory = memory or PrivateMemory(self.device)
         self.kv_caches: list[torch.Tensor] = (
-            language.allocate_kv_cache(shape.num_kv_blocks, shape.kv_block_size) if language else []
+            language.allocate_kv_cache(shape.num_kv_blocks, shape.kv_block_size, memory)
+            if language
+            else []
         )
         self.image_cache: torch.Tensor | None = None
         if with_image_cache:
-            self.image_cache = torch.zeros(  # [num_image_blocks, image_block_tokens, H]
-                shape.num_image_blocks,
-                shape.image_block_tokens,
-                shape.hidden_size,
-                dtype=dtype,
-                device=self.device,
+            self.image_cache = memory.zeros(  # [num_image_blocks, image_block_tokens, H]
+                "image",
+                (shape.num_image_blocks, shape.image_block_tokens, shape.hidden_size),
+                dtype,
             )
         self._generators: dict[str, torch.Generator] = {}
 
@@ -145,6 +149,11 @@ class ModelRunner:
             self._generators[request_id] = generator
         return int(torch.multinomial(probs, 1, generator=generator))
 
+    @property
+    def regions(self) -> CacheRegions:
+        """The cache tensors as transfer backends see them."""
+        return CacheRegions(kv=self.kv_caches, image=self.image_cache)
+
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
@@ -163,18 +172,3 @@ class ModelRunner:
         sampling_ids = [t.request_id for t in tasks if t.sample]
         tokens = self.sample(hidden, sampling_ids, [params_of[r] for r in sampling_ids])
         return dict(zip(sampling_ids, tokens, strict=True))
-
-
-def kv_pages(runner: ModelRunner, blocks: list[int], layers: range) -> dict[str, torch.Tensor]:
-    """KV pages of ``blocks`` for ``layers``: ``{"kv.L": [len(blocks), 2, bs, Hkv, D]}``."""
-    index = torch.tensor(blocks, dtype=torch.long, device=runner.device)
-    return {f"kv.{layer}": runner.kv_caches[layer].index_select(0, index) for layer in layers}
-
-
-def write_kv_pages(
-    runner: ModelRunner, blocks: list[int], tensors: dict[str, torch.Tensor]
-) -> None:
-    index = torch.tensor(blocks, dtype=torch.long, device=runner.device)
-    for name, pages in tensors.items():
-        layer = int(name.removeprefix("kv."))
-        runner.kv_caches[layer].index_copy_(0, index, pages.to(runner.device, runner.dtype))

@@ -263,7 +263,9 @@ class EngineSpec(_Model):
         default=64, ge=1, description="Pages of the image-embedding cache."
     )
     transfer_backend: TransferBackendName = Field(
-        default="tcp", description="Cache migration backend; this release implements tcp."
+        default="auto",
+        description="Cache migration backend: auto (shared memory with same-host peers, "
+        "else tcp), tcp, shm, collective; cuda_ipc and nccl are reserved for the GPU build.",
     )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
     node_selector: dict[str, str] = Field(default_factory=dict)

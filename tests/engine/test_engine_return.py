@@ -3,7 +3,6 @@ here for decode before P's release of the parked copy arrives (a real race seen 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -13,7 +12,6 @@ from epd_engine.engine import LLMEngine
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import CacheKind, ImageRef, PullSpec, Request
 from epd_engine.sampling import SamplingParams
-from epd_engine.transfer.messages import PagesQuery
 
 
 def test_late_release_of_parked_copy_leaves_the_returned_request_running(
@@ -30,8 +28,8 @@ def test_late_release_of_parked_copy_leaves_the_returned_request_running(
     engine.add_request("r", PreparedPrompt(prompt_ids, [image], pixels), params, frozenset())
     engine.step()  # encode; the request now waits for P
     assert [r.request_id for r in engine.take_handoffs()] == ["r"]
-    kv = engine.export_pages("r", PagesQuery(kind=CacheKind.IMAGE, image_indices=[0]))
-    assert kv["image.0"].shape[0] == mc.num_image_tokens
+    image_pages, _ = engine.exposed_pages("r")
+    assert len(image_pages) == 1 and image_pages[0]
 
     back = Request(
         request_id="r",
@@ -46,13 +44,8 @@ def test_late_release_of_parked_copy_leaves_the_returned_request_running(
     engine.add(back)
     _, stats = engine.step()
     (pull,) = stats.pulls
-    zeros = {
-        f"kv.{layer}": torch.zeros_like(engine.runner.kv_caches[layer][: len(pull.kv_blocks)])
-        for layer in range(mc.num_layers)
-    }
-    used = -(-pull.num_kv_tokens // engine.config.kv_block_size)
-    engine.import_pages(dataclasses.replace(pull, kv_blocks=pull.kv_blocks[:used]), zeros)
-    engine.scheduler.pull_done("r")
+    assert pull.kv_blocks and pull.num_kv_tokens == len(prompt_ids)
+    engine.scheduler.pull_done("r")  # the pages stay as they are: only the lifecycle matters
     engine.release_migrated("r")  # P's late release of the parked image copy
     finished = []
     while engine.has_work():

@@ -50,9 +50,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--instance-id", help="stable instance name (default: the advertise URL)")
     p.add_argument(
         "--transfer-backend",
-        default="tcp",
+        default="auto",
         choices=TRANSFER_BACKENDS,
-        help="cache migration backend (cuda_ipc and nccl are reserved for the GPU build)",
+        help="cache migration backend: auto (shm with same-host peers, else tcp), tcp, shm, "
+        "collective (gloo); cuda_ipc and nccl are reserved for the GPU build",
+    )
+    p.add_argument(
+        "--transfer-port",
+        type=int,
+        default=0,
+        help="port of the tcp page server (default: any free port; peers learn it per offer)",
     )
     p.add_argument("--kv-layers-per-group", type=int, default=8)
     p.add_argument("--log-level", default="info")
@@ -108,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
         router_url=args.router_url,
         advertise_url=advertise,
         instance_id=args.instance_id or "",
+        bind_host=args.host,
         transfer_backend=args.transfer_backend,
+        transfer_port=args.transfer_port,
         kv_layers_per_group=args.kv_layers_per_group,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)

@@ -103,6 +103,8 @@ def run_up(args: argparse.Namespace) -> int:
             str(spec.engine.num_kv_blocks),
             "--num-image-blocks",
             str(spec.engine.num_image_blocks),
+            "--transfer-backend",
+            spec.engine.transfer_backend,
             *spec.engine.extra_args,
         ],
     )

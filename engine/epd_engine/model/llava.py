@@ -23,6 +23,7 @@ from epd_engine.model.layers import (
     rope_cos_sin,
 )
 from epd_engine.model.model_config import LlavaModelConfig
+from epd_engine.transfer.memory import CacheMemory, PrivateMemory
 
 
 class ClipVisionModel(nn.Module):
@@ -163,14 +164,15 @@ class LlavaLanguage(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
         return self.lm_head(hidden).float()
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
-        """Zeroed paged caches, one ``[num_blocks, 2, block_size, Hkv, D]`` per layer."""
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, memory: CacheMemory | None = None
+    ) -> list[torch.Tensor]:
+        """Zeroed paged caches, one ``[num_blocks, 2, block_size, Hkv, D]`` per layer, in
+        ``memory`` (shared with peers for the shm backend) or private device memory."""
         weight = self.embed_tokens.weight
+        memory = memory or PrivateMemory(weight.device)
         shape = (num_blocks, 2, block_size, self.config.num_kv_heads, self.config.head_dim)
-        return [
-            torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-            for _ in range(self.config.num_layers)
-        ]
+        return [memory.zeros(f"kv.{i}", shape, weight.dtype) for i in range(self.config.num_layers)]
 
 
 def scatter_image_embeddings(

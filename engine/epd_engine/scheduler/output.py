@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epd_engine.config import Stage
-from epd_engine.request import CacheKind
+from epd_engine.request import CacheKind, PullSpec
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class TokenTask:
 
 @dataclass(frozen=True)
 class PullTask:
-    """Pages this instance allocated for a migrated-in request; fill them from the source.
+    """Pages this instance allocated for a migrated-in request; fill them from ``source``.
 
     ``image_blocks`` maps an image index to its pages (images already cached here by hash
     are left out); ``kv_blocks`` are the pages for the first ``num_kv_tokens`` tokens.
@@ -56,7 +56,7 @@ class PullTask:
 
     request_id: str
     kind: CacheKind
-    source_url: str
+    source: PullSpec
     image_blocks: dict[int, list[int]] = field(default_factory=dict)
     kv_blocks: list[int] = field(default_factory=list)
     num_kv_tokens: int = 0

@@ -238,7 +238,7 @@ class Scheduler:
         """Allocate the target pages of a migration (step 2: the target pulls when it has room)."""
         pull = request.pull
         assert pull is not None
-        task = PullTask(request.request_id, pull.kind, pull.source_url)
+        task = PullTask(request.request_id, pull.kind, pull)
         if pull.kind is CacheKind.IMAGE:
             assert self.images is not None
             block_tokens = self.images.block_tokens
@@ -262,7 +262,7 @@ class Scheduler:
             task = PullTask(
                 request.request_id,
                 pull.kind,
-                pull.source_url,
+                pull,
                 kv_blocks=list(self.kv.block_table(request.request_id)),
                 num_kv_tokens=num_tokens,
             )

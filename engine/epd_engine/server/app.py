@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import FastAPI
@@ -21,7 +22,9 @@ from epd_engine.server.errors import install_error_handlers
 from epd_engine.server.migration import MigrationManager
 from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
-from epd_engine.transfer.tcp import TcpBackend
+from epd_engine.transfer.backend import Exports
+from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
+from epd_engine.transfer.memory import CacheMemory
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,18 @@ class ServerSettings:
     router_url: str | None = None  # set: register with this router and serve its requests
     advertise_url: str = "http://127.0.0.1:8000"  # how the router and peers reach us
     instance_id: str = ""
-    transfer_backend: str = "tcp"
+    bind_host: str = "127.0.0.1"  # the interface the HTTP server (and tcp page server) use
+    transfer_backend: str = "auto"
+    transfer_port: int = 0  # tcp page server; 0 picks a free port (peers learn it per offer)
     kv_layers_per_group: int = 8  # KV moves in layer groups so transfer can overlap compute
+
+    def transfer(self) -> TransferSettings:
+        return TransferSettings(
+            backend=self.transfer_backend,
+            bind_host=self.bind_host,
+            advertise_host=urlsplit(self.advertise_url).hostname or "127.0.0.1",
+            tcp_port=self.transfer_port,
+        )
 
 
 def _step_recorder(metrics: Metrics, engine: LLMEngine):
@@ -67,10 +80,10 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):
     return record
 
 
-def _connect_router(settings: ServerSettings, state: InstanceState) -> RouterLink:
+def _connect_router(
+    settings: ServerSettings, state: InstanceState, memory: CacheMemory
+) -> RouterLink:
     assert settings.router_url is not None
-    if settings.transfer_backend != "tcp":
-        raise ValueError(f"transfer backend {settings.transfer_backend!r} is not available here")
     identity = InstanceLoad(
         instance_id=settings.instance_id or settings.advertise_url,
         url=settings.advertise_url,
@@ -79,9 +92,11 @@ def _connect_router(settings: ServerSettings, state: InstanceState) -> RouterLin
     )
     token = internal_token()
     link = RouterLink(settings.router_url, identity, state.http, token)
-    backend = TcpBackend(state.http, token)
+    exports = Exports()
+    regions = state.engine.engine.runner.regions
+    backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)
     state.migration = MigrationManager(
-        state.engine, link, backend, state.http, token, settings.kv_layers_per_group
+        state.engine, link, backend, exports, state.http, token, settings.kv_layers_per_group
     )
     return link
 
@@ -92,13 +107,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = Metrics(config.model_name, config.role.value, settings.pool)
-        engine = LLMEngine(config)
+        transfer = settings.transfer() if settings.router_url else None
+        memory = cache_memory(transfer.backend, config.device) if transfer else None
+        engine = LLMEngine(config, memory)
         processor = InputProcessor(config.model_dir, engine.model_config)
         async_engine = AsyncEngine(engine, processor.decode, _step_recorder(metrics, engine))
         async with httpx.AsyncClient() as http:
             state = InstanceState(config, async_engine, processor, metrics, http)
             app.state.instance = state
-            link = _connect_router(settings, state) if settings.router_url else None
+            link = _connect_router(settings, state, memory) if memory is not None else None
             async_engine.start()
             if link is not None:
                 link.start(engine)
@@ -110,6 +127,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 state.ready = False
                 if link is not None:
                     await link.stop()
+                if state.migration is not None:
+                    await state.migration.close()
                 async_engine.stop()
 
     app = FastAPI(title="EPD engine instance", lifespan=lifespan)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, Field
 
 from epd_engine.async_engine import Stream
@@ -14,7 +15,8 @@ from epd_engine.errors import ClientError
 from epd_engine.server.chat import prepare
 from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.server.state import InstanceState
-from epd_engine.transfer.messages import MigrationOffer, PagesQuery, Routing
+from epd_engine.transfer.backend import TransferError
+from epd_engine.transfer.messages import MigrationOffer, Routing
 
 
 class Forbidden(ClientError):
@@ -22,7 +24,9 @@ class Forbidden(ClientError):
     error_type = "permission_error"
 
 
-def require_token(x_epd_token: str = Header(default="")) -> None:
+async def require_token(x_epd_token: str = Header(default="")) -> None:
+    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a GIL hand-off
+    # that cost milliseconds per internal request next to a busy engine thread
     if not hmac.compare_digest(x_epd_token, internal_token()):
         raise Forbidden("internal endpoint: missing or wrong X-EPD-Token")
 
@@ -97,15 +101,20 @@ async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
     return {"status": "queued"}
 
 
-@router.post("/migrations/{request_id}/pages")
-async def pages(request_id: str, query: PagesQuery, request: Request) -> Response:
+@router.post("/transfer/{backend}/{op}")
+async def transfer_control(
+    backend: str, op: str, body: dict[str, Any], request: Request
+) -> dict[str, Any]:
+    """A peer's control message for our transfer backend (collective: connect, send)."""
     state = _state(request)
-    assert state.migration is not None
+    if state.migration is None:
+        raise ClientError("this instance has no router link")
+    if backend not in state.migration.backend.describe():
+        raise ClientError(f"this instance does not serve the {backend} transfer backend")
     try:
-        payload = await state.migration.export(request_id, query)
-    except KeyError as exc:
-        raise ClientError(f"no migrating request {request_id}", code="not_found") from exc
-    return Response(payload, media_type="application/octet-stream")
+        return await state.migration.backend.control(op, body)
+    except TransferError as exc:
+        raise ClientError(str(exc), code="transfer_refused") from exc
 
 
 @router.post("/migrations/{request_id}/release")

@@ -1,10 +1,11 @@
 """Both sides of pull-based migration on one instance (DESIGN.md §4).
 
-Source: when a request's next stage lives elsewhere, offer it to the least-loaded instance
-of that stage (step 1), serve its pages when pulled (step 3), free them on release (4).
-Target: queue the offer; when the scheduler has pages it emits a PullTask; fetch (KV in
-layer groups), write, release the source. If the pull fails, recompute here when the role
-allows, otherwise ask the router to re-route: the request is never lost.
+Source: when a request's next stage lives elsewhere, expose its pages and offer it to the
+least-loaded instance of that stage (step 1); its transfer backend serves the pages (3);
+free them on release (4). Target: queue the offer; when the scheduler has pages it emits a
+PullTask; the backend copies the source's pages straight into ours (KV in layer groups),
+then the request runs here and the source is released. If the pull fails, recompute here
+when the role allows, otherwise ask the router to re-route: the request is never lost.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
+from typing import cast
 
 import httpx
 
@@ -24,13 +26,9 @@ from epd_engine.router.policy import InstanceLoad, LeastLoaded
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import PullTask
 from epd_engine.server.router_link import RouterLink
-from epd_engine.transfer.backend import TransferBackend
-from epd_engine.transfer.messages import (
-    ImageInfo,
-    MigrationOffer,
-    PagesQuery,
-    SamplingInfo,
-)
+from epd_engine.transfer.backend import Exports, Peer, TransferBackend
+from epd_engine.transfer.messages import ImageInfo, MigrationOffer, SamplingInfo
+from epd_engine.transfer.plan import transfers_for
 
 log = logging.getLogger(__name__)
 # How long a source waits for a peer of the next stage to appear in its table before it
@@ -44,6 +42,7 @@ class MigrationManager:
         engine: AsyncEngine,
         link: RouterLink,
         backend: TransferBackend,
+        exports: Exports,
         http: httpx.AsyncClient,
         token: str,
         layers_per_group: int = 8,
@@ -51,6 +50,8 @@ class MigrationManager:
         self.engine = engine
         self.link = link
         self.backend = backend
+        self.exports = exports
+        self.peers: set[str] = set()  # sources we pulled from (the backend holds connections)
         self.http = http
         self.headers = {"X-EPD-Token": token}
         self.layers_per_group = layers_per_group
@@ -62,6 +63,13 @@ class MigrationManager:
         engine.on_handoff = self.on_handoff
         engine.on_pull = self.on_pull
         engine.on_evicted = self.on_evicted
+        self._spawn(self._forget_departed_peers())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.backend.close()
 
     def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -84,7 +92,13 @@ class MigrationManager:
     async def _handoff(self, request: Request, stream: Stream) -> None:
         assert stream.routing is not None
         kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
-        offer = self._offer(request, stream, kind)
+        exposed = await self.engine.call_async(
+            lambda: self.engine.engine.exposed_pages(request.request_id)
+        )
+        image_pages, kv_pages = cast(tuple[tuple[tuple[int, ...], ...], tuple[int, ...]], exposed)
+        pages = kv_pages if kind is CacheKind.KV else [p for ps in image_pages for p in ps]
+        self.exports.expose(request.request_id, kind, pages)
+        offer = self._offer(request, stream, kind, image_pages, kv_pages)
         candidates = await self._targets(request.next_stage)
         while candidates:
             target = self.policy.choose(candidates)
@@ -92,7 +106,7 @@ class MigrationManager:
             if await self._send_offer(target, offer):
                 return
         log.error("no %s instance took %s", request.next_stage.value, request.request_id)
-        self.engine.call(lambda: self.engine.engine.release_migrated(request.request_id))
+        self.release(request.request_id)
         await self.link.retry(stream.routing, f"no instance for {request.next_stage.value}")
 
     async def _targets(self, stage: Stage) -> list[InstanceLoad]:
@@ -106,8 +120,14 @@ class MigrationManager:
                 return found
             await asyncio.sleep(self.link.heartbeat_s / 2)
 
-    def _offer(self, request: Request, stream: Stream, kind: CacheKind) -> MigrationOffer:
-        sched = self.engine.engine.scheduler
+    def _offer(
+        self,
+        request: Request,
+        stream: Stream,
+        kind: CacheKind,
+        image_pages: tuple[tuple[int, ...], ...],
+        kv_pages: tuple[int, ...],
+    ) -> MigrationOffer:
         p = request.sampling
         assert stream.routing is not None
         routing = stream.routing.model_copy(
@@ -131,10 +151,9 @@ class MigrationManager:
             eos_token_ids=sorted(request.eos_token_ids),
             output_token_ids=request.output_token_ids,
             num_computed_tokens=request.num_computed_tokens,
-            num_image_pages=sum(len(s.blocks) for s in sched.images.slots(request.request_id))
-            if sched.images
-            else 0,
-            num_kv_pages=len(sched.kv.block_table(request.request_id)) if sched.kv else 0,
+            image_pages=[list(ps) for ps in image_pages],
+            kv_pages=list(kv_pages) if kind is CacheKind.KV else [],
+            transfer=self.backend.describe(),
             emitted_text=stream.detokenizer.emitted,
             routing=routing,
         )
@@ -154,13 +173,9 @@ class MigrationManager:
             log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
         return response.status_code == 200
 
-    async def export(self, request_id: str, query: PagesQuery) -> bytes:
-        tensors = await self.engine.call_async(
-            lambda: self.engine.engine.export_pages(request_id, query)
-        )
-        return self.backend.export(tensors)  # type: ignore[arg-type]
-
     def release(self, request_id: str) -> None:
+        """Step 4 on the source (also after a failed hand-off): stop serving, free pages."""
+        self.exports.withdraw(request_id)
         self.engine.call(lambda: self.engine.engine.release_migrated(request_id))
 
     # ---- target side ------------------------------------------------------------------
@@ -198,7 +213,14 @@ class MigrationManager:
                 num_encoded_images=len(images),
                 num_computed_tokens=offer.num_computed_tokens if offer.kind is CacheKind.KV else 0,
                 output_token_ids=list(offer.output_token_ids),
-                pull=PullSpec(offer.kind, offer.source_url, offer.source_instance),
+                pull=PullSpec(
+                    offer.kind,
+                    offer.source_url,
+                    offer.source_instance,
+                    offer.transfer,
+                    tuple(tuple(ps) for ps in offer.image_pages),
+                    tuple(offer.kv_pages),
+                ),
             )
             return self.engine.engine.add(request)
 
@@ -222,29 +244,25 @@ class MigrationManager:
         start = time.monotonic()
         if self.pull_delay_s:
             await asyncio.sleep(self.pull_delay_s)
+        source = task.source
+        peer = Peer(source.source_instance, source.source_url, source.descriptor)
+        engine = self.engine.engine
         try:
-            tensors = {}
-            for query in self._queries(task):
-                tensors.update(await self.backend.fetch(task.source_url, task.request_id, query))
-        except Exception as exc:  # TransferError or a malformed payload: never hang
-            log.warning("pull of %s failed: %r", task.request_id, exc)
+            transfers = transfers_for(
+                task, engine.num_layers, self.layers_per_group, engine.config.kv_block_size
+            )
+            self.peers.add(peer.instance_id)
+            for transfer in transfers:  # each lands in our pages as it completes
+                await self.backend.pull(peer, transfer)
+        except Exception as exc:  # TransferError or a broken peer: never hang
+            log.warning("pull of %s from %s failed: %r", task.request_id, peer.instance_id, exc)
             await self._pull_failed(task, str(exc))
             return
 
         # Read before landing: once landed, the engine may finish its stage and hand the
         # request on (dropping the stream) before this coroutine runs again.
         stream = self.engine.streams.get(task.request_id)
-
-        def land() -> None:
-            self.engine.engine.import_pages(task, tensors)
-            self.engine.engine.scheduler.pull_done(task.request_id)
-
-        try:
-            await self.engine.call_async(land)
-        except Exception as exc:  # a bad payload must not leave the request waiting
-            log.exception("landing the pull of %s failed", task.request_id)
-            await self._pull_failed(task, f"cannot store pulled pages: {exc!r}")
-            return
+        await self.engine.call_async(lambda: engine.scheduler.pull_done(task.request_id))
         seconds = time.monotonic() - start
         if stream is not None and stream.routing is not None:
             self.link.send_raw(
@@ -258,27 +276,28 @@ class MigrationManager:
             )
         await self._release_source(task)
 
-    def _queries(self, task: PullTask) -> list[PagesQuery]:
-        if task.kind is CacheKind.IMAGE:
-            if not task.image_blocks:
-                return []  # every image was already cached here
-            return [PagesQuery(kind=task.kind, image_indices=sorted(task.image_blocks))]
-        num_layers = self.engine.engine.num_layers
-        step = self.layers_per_group
-        return [
-            PagesQuery(kind=task.kind, layer_start=lo, layer_stop=min(lo + step, num_layers))
-            for lo in range(0, num_layers, step)
-        ]
+    async def _forget_departed_peers(self, interval_s: float = 5.0) -> None:
+        """Drop connections and mappings to sources no longer in the router's table."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self.link.instances:
+                continue  # no table yet (or the router is away): keep what we have
+            alive = {i.instance_id for i in self.link.instances}
+            for instance_id in self.peers - alive:
+                self.backend.forget(instance_id)
+                self.peers.discard(instance_id)
 
     async def _release_source(self, task: PullTask) -> None:
         try:
             await self.http.post(
-                f"{task.source_url}/internal/migrations/{task.request_id}/release",
+                f"{task.source.source_url}/internal/migrations/{task.request_id}/release",
                 headers=self.headers,
                 timeout=10.0,
             )
         except httpx.HTTPError as exc:  # the source frees it when its heartbeat lapses
-            log.warning("release of %s at %s failed: %r", task.request_id, task.source_url, exc)
+            log.warning(
+                "release of %s at %s failed: %r", task.request_id, task.source.source_url, exc
+            )
 
     async def _pull_failed(self, task: PullTask, reason: str) -> None:
         stream = self.engine.streams.get(task.request_id)

@@ -3,7 +3,7 @@
 from typing import Literal, get_args
 
 # Names the deployment API accepts (the CRD's enum); only the ones this build implements
-# can start.
-TransferBackendName = Literal["tcp", "cuda_ipc", "nccl"]
+# can start: cuda_ipc and nccl are the GPU build's (refused at start with a clear error).
+TransferBackendName = Literal["auto", "tcp", "shm", "collective", "cuda_ipc", "nccl"]
 TRANSFER_BACKENDS: tuple[str, ...] = get_args(TransferBackendName)
-AVAILABLE_TRANSFER_BACKENDS = ("tcp",)
+AVAILABLE_TRANSFER_BACKENDS = ("auto", "tcp", "shm", "collective")

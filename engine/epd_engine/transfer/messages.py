@@ -1,13 +1,15 @@
 """Control messages of the four-step pull-based migration. Plain JSON, never pickle.
 
-1. source -> target ``MigrationOffer``: the request's control data and page counts;
-   the target queues it.
-2. when the target schedules it, it allocates pages and pulls (``PagesQuery``);
-3. the source answers with the page contents through the transfer backend;
+1. source -> target ``MigrationOffer``: the request's control data, the source's pages and
+   how to reach its transfer backend (``transfer``); the target queues it;
+2. when the target's scheduler has pages for it, the target pulls (``backend.pull``);
+3. the backend copies the source's pages into the target's (``transfer/*.py``);
 4. target -> source release: the source frees its pages.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -50,16 +52,8 @@ class MigrationOffer(BaseModel):
     eos_token_ids: list[int]
     output_token_ids: list[int]
     num_computed_tokens: int  # tokens whose KV the source holds (kind=kv)
-    num_image_pages: int = 0
-    num_kv_pages: int = 0
+    image_pages: list[list[int]] = Field(default_factory=list)  # source pages per image
+    kv_pages: list[int] = Field(default_factory=list)  # source pages of computed tokens
+    transfer: dict[str, dict[str, Any]] = Field(default_factory=dict)  # backend -> connect info
     emitted_text: str = ""  # what the client has already received
     routing: Routing
-
-
-class PagesQuery(BaseModel):
-    """Step 2: which pages to send. KV goes in layer groups so transfer can overlap compute."""
-
-    kind: CacheKind
-    image_indices: list[int] = Field(default_factory=list)
-    layer_start: int = 0
-    layer_stop: int = 0

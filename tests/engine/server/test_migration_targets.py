@@ -26,7 +26,8 @@ OTHER_E = InstanceLoad(instance_id="e-1", url="http://e-1", role=Role.E, pool="e
 def manager(instances: list[InstanceLoad]) -> tuple[MigrationManager, Any]:
     link = SimpleNamespace(identity=ME, instances=instances, heartbeat_s=0.05)
     engine = SimpleNamespace()
-    return MigrationManager(engine, link, backend=None, http=None, token="t"), link  # type: ignore[arg-type]
+    mm = MigrationManager(engine, link, backend=None, exports=None, http=None, token="t")  # type: ignore[arg-type]
+    return mm, link
 
 
 async def test_targets_run_the_next_stage_and_exclude_the_source() -> None:

@@ -1,0 +1,50 @@
+"""Which page copies fill a PullTask: pure arithmetic, no I/O (unit-tested on its own)."""
+
+from __future__ import annotations
+
+from epd_engine.cache.kv_cache import blocks_needed
+from epd_engine.request import CacheKind
+from epd_engine.scheduler.output import PullTask
+from epd_engine.transfer.backend import PageTransfer, TransferError
+
+
+def transfers_for(
+    task: PullTask, num_layers: int, layers_per_group: int, kv_block_size: int
+) -> list[PageTransfer]:
+    """Image pulls: one transfer for every image not cached here. KV pulls: one transfer
+    per group of ``layers_per_group`` layers over the pages holding computed tokens."""
+    source = task.source
+    if task.kind is CacheKind.IMAGE:
+        src: list[int] = []
+        dst: list[int] = []
+        for index, blocks in sorted(task.image_blocks.items()):
+            if index >= len(source.image_pages):
+                raise TransferError(f"the source has no pages for image {index}")
+            theirs = source.image_pages[index]
+            if len(theirs) != len(blocks):
+                raise TransferError(
+                    f"image {index}: {len(theirs)} source pages for {len(blocks)} here "
+                    "(different image-cache page sizes?)"
+                )
+            src += theirs
+            dst += blocks
+        if not dst:
+            return []  # every image was already cached here
+        return [PageTransfer(task.request_id, task.kind, tuple(src), tuple(dst))]
+    num_used = blocks_needed(task.num_kv_tokens, kv_block_size)
+    if num_used == 0:
+        return []
+    if len(source.kv_pages) < num_used or len(task.kv_blocks) < num_used:
+        raise TransferError(
+            f"{task.num_kv_tokens} tokens need {num_used} KV pages; the source exposes "
+            f"{len(source.kv_pages)}, {len(task.kv_blocks)} were allocated here"
+        )
+    src_pages = tuple(source.kv_pages[:num_used])
+    dst_pages = tuple(task.kv_blocks[:num_used])
+    step = max(1, layers_per_group)
+    return [
+        PageTransfer(
+            task.request_id, task.kind, src_pages, dst_pages, lo, min(lo + step, num_layers)
+        )
+        for lo in range(0, num_layers, step)
+    ]
