@@ -26,6 +26,9 @@ from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
+# An idle engine thread still looks at its inbox this often (a safety net: every state
+# change reaches it through the inbox, which wakes it at once).
+IDLE_WAKE_S = 1.0
 
 
 @dataclass
@@ -71,6 +74,7 @@ class AsyncEngine:
         self.on_evicted: Callable[[Stream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.streams: dict[str, Stream] = {}
+        self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
 
@@ -154,16 +158,21 @@ class AsyncEngine:
             self._emit(request_id, stream, None, "error", error=message)
 
     def _loop(self) -> None:
+        idle = True
         while not self._stopping.is_set():
-            block = not self.engine.has_work()
+            # Sleep while nothing can run: requests waiting for pages, pulls in flight or
+            # no requests at all. Everything that can change that (new work, a landed pull,
+            # a release that frees pages) arrives through the inbox and wakes us.
+            block = idle or not self.engine.has_work()
             try:
                 while True:
-                    self._inbox.get(block=block, timeout=0.5 if block else None)()
+                    self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
                     block = False
             except queue.Empty:
                 pass
             except Exception:
                 log.exception("engine inbox task failed")
+            idle = True
             if not self.engine.has_work():
                 continue
             try:
@@ -173,7 +182,9 @@ class AsyncEngine:
                 for request_id in list(self.streams):
                     self.fail(request_id, "internal engine error")
                 continue
-            if self._on_step is not None:
+            idle = stats.idle
+            self.num_steps += 1
+            if self._on_step is not None and not idle:
                 self._on_step(stats)
             for timing in stats.stage_timings:
                 if (stream := self.streams.get(timing.request_id)) is not None:

@@ -115,3 +115,32 @@ def test_holder_killed_while_waiting_request_is_rerouted(system: LocalSystem) ->
     assert text == expected
     metrics = httpx.get(f"{system.spec.router_url}/metrics").text
     assert 'outcome="success"' in metrics
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process, from /proc (clock ticks -> seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_instance_waiting_on_a_pull_sleeps(system: LocalSystem) -> None:
+    """Defect: a request whose pages were still arriving counted as running work, so the
+    target's engine thread ran ~50,000 empty steps a second for the whole pull."""
+    url = system.spec.router_url
+    worker = threading.Thread(
+        target=ask, args=(url, [{"role": "user", "content": "Name a colour."}])
+    )
+    worker.start()
+    deadline = time.monotonic() + 60
+    holder = ""
+    while "-d-" not in holder and time.monotonic() < deadline:  # D queued it; its pull is held
+        holder = next((str(r["holder"]) for r in inflight(url)), "")
+        time.sleep(0.02)
+    assert "-d-" in holder, "the request never reached D"
+    pid = system.process(holder).popen.pid
+    before = cpu_seconds(pid)
+    time.sleep(PULL_DELAY_S / 2)
+    used = cpu_seconds(pid) - before
+    worker.join(timeout=120)
+    # heartbeats and the event loop cost milliseconds; a spinning engine thread a whole core
+    assert used < 0.25 * PULL_DELAY_S / 2, f"{used:.2f} s of CPU in {PULL_DELAY_S / 2} s idle"
