@@ -52,6 +52,7 @@ class MigrationManager:
         self.backend = backend
         self.exports = exports
         self.peers: set[str] = set()  # sources we pulled from (the backend holds connections)
+        self.handed_to: dict[str, InstanceLoad] = {}  # parked request -> who took its offer
         self.http = http
         self.headers = {"X-EPD-Token": token}
         self.layers_per_group = layers_per_group
@@ -63,7 +64,7 @@ class MigrationManager:
         engine.on_handoff = self.on_handoff
         engine.on_pull = self.on_pull
         engine.on_evicted = self.on_evicted
-        self._spawn(self._forget_departed_peers())
+        self._spawn(self._watch_peers())
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -104,6 +105,7 @@ class MigrationManager:
             target = self.policy.choose(candidates)
             candidates.remove(target)
             if await self._send_offer(target, offer):
+                self.handed_to[request.request_id] = target
                 return
         log.error("no %s instance took %s", request.next_stage.value, request.request_id)
         self.release(request.request_id)
@@ -176,6 +178,7 @@ class MigrationManager:
     def release(self, request_id: str) -> None:
         """Step 4 on the source (also after a failed hand-off): stop serving, free pages."""
         self.exports.withdraw(request_id)
+        self.handed_to.pop(request_id, None)
         self.engine.call(lambda: self.engine.engine.release_migrated(request_id))
 
     # ---- target side ------------------------------------------------------------------
@@ -276,8 +279,10 @@ class MigrationManager:
             )
         await self._release_source(task)
 
-    async def _forget_departed_peers(self, interval_s: float = 5.0) -> None:
-        """Drop connections and mappings to sources no longer in the router's table."""
+    async def _watch_peers(self, interval_s: float = 1.0) -> None:
+        """Peers that left the router's table: drop our connections and mappings to them, and
+        free what we parked for a target that died before releasing it (the router re-routes
+        that request; nobody will pull these pages)."""
         while True:
             await asyncio.sleep(interval_s)
             if not self.link.instances:
@@ -286,6 +291,19 @@ class MigrationManager:
             for instance_id in self.peers - alive:
                 self.backend.forget(instance_id)
                 self.peers.discard(instance_id)
+            for request_id, target in list(self.handed_to.items()):
+                # not in the table: dead, or alive in a draining pool (which still pulls)
+                if target.instance_id not in alive and not await self._answers(target):
+                    log.warning("%s died before pulling %s: freeing its pages",
+                                target.instance_id, request_id)  # fmt: skip
+                    self.release(request_id)
+
+    async def _answers(self, target: InstanceLoad) -> bool:
+        try:
+            response = await self.http.get(f"{target.url}/health/live", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     async def _release_source(self, task: PullTask) -> None:
         try:
@@ -304,8 +322,10 @@ class MigrationManager:
         recomputing = await self.engine.call_async(
             lambda: self.engine.engine.scheduler.pull_failed(task.request_id)
         )
-        if recomputing:
-            return
-        self.engine.call(lambda: self.engine.abort(task.request_id))
-        if stream is not None and stream.routing is not None:
-            await self.link.retry(stream.routing, f"pull failed: {reason}")
+        if not recomputing:
+            self.engine.call(lambda: self.engine.abort(task.request_id))
+            if stream is not None and stream.routing is not None:
+                await self.link.retry(stream.routing, f"pull failed: {reason}")
+        # Either way the source's copy is no longer needed: a live source frees its pages
+        # now instead of holding them for a pull that will never come.
+        await self._release_source(task)

@@ -10,7 +10,11 @@ from epd_engine.config import Method
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
 from epd_engine.plan import Budgets, Plan
 
-ENGINE_ARGS = ["--num-kv-blocks", "256", "--num-image-blocks", "16", "--max-num-running", "16"]
+# one KV layer per group: the tiny model has 2 layers, so every KV pull is multi-group
+ENGINE_ARGS = [
+    "--num-kv-blocks", "256", "--num-image-blocks", "16", "--max-num-running", "16",
+    "--kv-layers-per-group", "1",
+]  # fmt: skip
 BUDGETS = Budgets(token_budget=256, image_budget=4)
 
 
@@ -26,6 +30,7 @@ def local_system(
     plan: Plan,
     instance_env: dict[str, str] | None = None,
     instance_timeout_s: float = 3.0,
+    transfer_backend: str = "auto",
 ) -> Iterator[LocalSystem]:
     spec = LaunchSpec(
         name="test",
@@ -34,7 +39,7 @@ def local_system(
         plan=plan,
         router_port=free_port(),
         run_dir=run_dir,
-        engine_args=ENGINE_ARGS,
+        engine_args=[*ENGINE_ARGS, "--transfer-backend", transfer_backend],
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
     )

@@ -26,12 +26,19 @@ pytestmark = pytest.mark.slow
 PULL_DELAY_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def system(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSystem]:
+@pytest.fixture(scope="module", params=["shm", "tcp", "collective"])
+def system(
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalSystem]:
+    """E+P+D with three P instances on each backend (``auto`` is ``shm`` here)."""
     plan = plan_for(Method.E_P_D, {"P": 3})
     env = {"EPD_FAULT_PULL_DELAY_S": str(PULL_DELAY_S)}
-    run_dir = tmp_path_factory.mktemp("failures")
-    with local_system(tiny_model_dir, run_dir, plan, env, instance_timeout_s=1.5) as s:
+    run_dir = tmp_path_factory.mktemp(f"failures-{request.param}")
+    with local_system(
+        tiny_model_dir, run_dir, plan, env, instance_timeout_s=1.5, transfer_backend=request.param
+    ) as s:
         yield s
 
 
@@ -86,6 +93,41 @@ def run_with_fault(
     return result["text"], victim
 
 
+def free_pages(url: str) -> dict[str, tuple[int, int]]:
+    """Free (KV, image) pages per live instance, from the router's pool table."""
+    headers = {"X-EPD-Token": internal_token()}
+    pools = httpx.get(f"{url}/internal/pools", headers=headers).json()["pools"]
+    return {
+        i["instance_id"]: (i["free_kv_blocks"], i["free_image_blocks"])
+        for pool in pools.values()
+        for i in pool["instances"]
+    }
+
+
+def assert_nothing_leaked(system: LocalSystem, timeout_s: float = 10) -> None:
+    """Once the request is done every live instance has all its pages back (cached image
+    pages count as free), and no shared-memory segment was left in /dev/shm."""
+    full = {"kv": 256, "image": 16}  # ENGINE_ARGS of the test systems
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = {
+            name: pages
+            for name, pages in free_pages(system.spec.router_url).items()
+            if system.process(name).popen.poll() is None  # the victim may still be listed
+        }
+        held = {
+            name: pages
+            for name, pages in free.items()
+            if ("-e-" not in name and pages[0] != full["kv"])
+            or ("-d-" not in name and pages[1] != full["image"])
+        }
+        if not held or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert not held, f"pages still held after the request finished: {held}"
+    assert not [n for n in os.listdir("/dev/shm") if "epd" in n]
+
+
 def test_source_killed_before_kv_pull_request_completes_identically(system: LocalSystem) -> None:
     messages: list[dict[str, object]] = [{"role": "user", "content": "Tell me about rivers."}]
     expected = ask(system.spec.router_url, messages)
@@ -99,6 +141,7 @@ def test_source_killed_before_kv_pull_request_completes_identically(system: Loca
     text, victim = run_with_fault(system, messages, prefill_source_once_decode_holds)
     assert "-p-" in victim
     assert text == expected
+    assert_nothing_leaked(system)
 
 
 def test_holder_killed_while_waiting_request_is_rerouted(system: LocalSystem) -> None:
@@ -113,6 +156,7 @@ def test_holder_killed_while_waiting_request_is_rerouted(system: LocalSystem) ->
     text, victim = run_with_fault(system, messages, prefill_holder)
     assert "-p-" in victim
     assert text == expected
+    assert_nothing_leaked(system)
     metrics = httpx.get(f"{system.spec.router_url}/metrics").text
     assert 'outcome="success"' in metrics
 

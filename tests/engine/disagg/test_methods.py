@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,12 +47,24 @@ def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         return asyncio.run(run_all(f"{url}/v1"))
 
 
-@pytest.fixture(params=list(SECOND_INSTANCE), ids=lambda m: m.value)
+def backend_matrix() -> list[tuple[Method, str]]:
+    """Every method on ``auto`` (shared memory here). On tcp and collective: E+P+D (image and
+    KV hops) and ED+P (KV goes back to the instance that encoded); the full 5 x 4 matrix
+    (about 30 minutes on two cores) with ``EPD_TEST_ALL_BACKENDS=1``."""
+    if os.environ.get("EPD_TEST_ALL_BACKENDS") == "1":
+        return [(m, b) for b in ("auto", "shm", "tcp", "collective") for m in SECOND_INSTANCE]
+    return [(m, "auto") for m in SECOND_INSTANCE] + [
+        (m, b) for b in ("tcp", "collective") for m in (Method.E_P_D, Method.ED_P)
+    ]
+
+
+@pytest.fixture(params=backend_matrix(), ids=lambda p: f"{p[0].value}-{p[1]}")
 def method_system(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
 ) -> Iterator[tuple[Method, str]]:
-    method: Method = request.param
-    with local_system(tiny_model_dir, tmp_path, plan_for(method, SECOND_INSTANCE[method])) as s:
+    method, backend = request.param
+    plan = plan_for(method, SECOND_INSTANCE[method])
+    with local_system(tiny_model_dir, tmp_path, plan, transfer_backend=backend) as s:
         yield method, s.spec.router_url
 
 
