@@ -13,6 +13,7 @@ import numpy as np
 
 from epd_engine.errors import ClientError, ServiceUnavailable
 from epd_engine.metrics import Metrics
+from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
 from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.router.registry import Registry
@@ -35,6 +36,10 @@ class Dispatcher:
     policy: RoutingPolicy = field(default_factory=LeastLoaded)
     inflight: dict[str, InflightRequest] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
+    events: EventRelay = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = EventRelay(self.inflight)
 
     async def start(self, body: ChatCompletionRequest) -> InflightRequest:
         request = InflightRequest(f"req-{uuid.uuid4().hex[:16]}", body, time.monotonic())

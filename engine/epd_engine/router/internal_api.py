@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.policy import InstanceLoad
+from epd_engine.server.event_stream import SESSION_HEADER
 from epd_engine.server.internal_api import require_token
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
@@ -27,20 +29,17 @@ async def heartbeat(beat: InstanceLoad, request: Request) -> dict[str, object]:
     return {"instances": [i.to_json() for i in registry.active()]}
 
 
-class Events(BaseModel):
-    events: list[dict[str, Any]]
-
-
-@router.post("/events")
-async def events(batch: Events, request: Request) -> dict[str, int]:
-    dispatcher = _dispatcher(request)
-    applied = 0
-    for event in batch.events:
-        inflight = dispatcher.inflight.get(str(event.get("router_request_id")))
-        if inflight is not None:
-            inflight.apply(event)
-            applied += 1
-    return {"applied": applied}
+@router.post("/event-stream")
+async def event_stream(
+    request: Request, session: str = Header(alias=SESSION_HEADER)
+) -> dict[str, int]:
+    """One instance's events, a line each, applied as they arrive; the answer, when the
+    sender ends the stream, acknowledges the last ``seq`` applied."""
+    relay = _dispatcher(request).events
+    try:
+        return {"seq": await relay.consume(session, request.stream())}
+    except ClientDisconnect:  # the sender re-sends what we did not acknowledge
+        return {"seq": relay.last_seq(session)}
 
 
 class RetryRequest(BaseModel):

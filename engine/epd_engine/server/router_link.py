@@ -1,7 +1,7 @@
 """An instance's link to its router: register + heartbeat load, ordered event delivery.
 
 The heartbeat answer carries the router's table of active instances; migration sources
-pick their targets from it by load.
+pick their targets from it by load. Events go over one stream (``event_stream.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import httpx
 from epd_engine.async_engine import RequestOutput
 from epd_engine.engine import LLMEngine
 from epd_engine.router.policy import InstanceLoad
+from epd_engine.server.event_stream import EventStream
 from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
@@ -34,13 +35,13 @@ class RouterLink:
         self.headers = {"X-EPD-Token": token}
         self.heartbeat_s = heartbeat_s
         self.instances: list[InstanceLoad] = []
-        self._events: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        self.events = EventStream(f"{self.router_url}/internal/event-stream", self.headers, http)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self, engine: LLMEngine) -> None:
         self._tasks = [
             asyncio.create_task(self._heartbeats(engine)),
-            asyncio.create_task(self._send_events()),
+            asyncio.create_task(self.events.run()),
         ]
 
     async def stop(self) -> None:
@@ -77,8 +78,8 @@ class RouterLink:
             await asyncio.sleep(self.heartbeat_s)
 
     def send(self, output: RequestOutput, routing: Routing) -> None:
-        """Queue one output for the router (loop thread); a single sender keeps the order."""
-        self._events.put_nowait(
+        """Queue one output for the router (loop thread); a single stream keeps the order."""
+        self.events.put(
             {
                 "router_request_id": routing.router_request_id,
                 "attempt": routing.attempt,
@@ -98,26 +99,7 @@ class RouterLink:
         )
 
     def send_raw(self, event: dict[str, object]) -> None:
-        self._events.put_nowait(event)
-
-    async def _send_events(self) -> None:
-        while True:
-            batch = [await self._events.get()]
-            while not self._events.empty():
-                batch.append(self._events.get_nowait())
-            for attempt in range(5):
-                try:
-                    response = await self.http.post(
-                        f"{self.router_url}/internal/events",
-                        json={"events": batch},
-                        headers=self.headers,
-                        timeout=10.0,
-                    )
-                    response.raise_for_status()
-                    break
-                except httpx.HTTPError as exc:
-                    log.warning("sending %d events failed (try %d): %r", len(batch), attempt, exc)
-                    await asyncio.sleep(0.2 * (attempt + 1))
+        self.events.put(event)
 
     async def retry(self, routing: Routing, reason: str) -> None:
         """Ask the router to send the request down a fresh path (this instance cannot go on)."""
