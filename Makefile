@@ -107,3 +107,8 @@ bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, rou
 	$(EPDCTL) bench-disagg --model $(MODEL_DIR) --out benchmarks/results/disagg-cpu.json
 
 .PHONY: bench-disagg
+
+bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to memcpy/raw socket/raw gloo (JSON)
+	$(EPDCTL) bench-transfer --model $(MODEL_DIR) --out benchmarks/results/transfer-cpu.json
+
+.PHONY: bench-transfer
