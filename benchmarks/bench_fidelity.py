@@ -62,7 +62,8 @@ def _flag(extra_args: list[str], name: str) -> int | None:
 
 
 def manifest_plan(path: str, cost: FittedCostModel) -> tuple[str, Plan, FittedCostModel]:
-    """(deployment name, plan with the manifest's budgets, cost model with its cache sizes)."""
+    """(deployment name, plan with the manifest's budgets, cost model with its cache sizes and
+    the link of its transfer backend: `epdctl up` runs every instance on this host)."""
     from epd_operator.spec import EPDDeployment, fixed_plan
 
     deployment = EPDDeployment.from_yaml(path)
@@ -78,7 +79,8 @@ def manifest_plan(path: str, cost: FittedCostModel) -> tuple[str, Plan, FittedCo
         num_kv_blocks=spec.engine.num_kv_blocks,
         num_image_blocks=spec.engine.num_image_blocks,
     )
-    return deployment.name, plan, dataclasses.replace(cost, capacity=capacity)
+    cost = dataclasses.replace(cost, capacity=capacity)
+    return deployment.name, plan, cost.for_backend(spec.engine.transfer_backend)
 
 
 def p90s(report: dict[str, Any]) -> dict[float, dict[str, float]]:

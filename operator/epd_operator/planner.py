@@ -121,6 +121,8 @@ def profiler_plan(
     if not records:
         raise PlanningError("the trace window is empty")
     sample = subsample(records, max_requests)
+    # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp.
+    cost = cost.for_backend(spec.engine.transfer_backend, same_host=False)
     slo = spec.slo.to_slo()
     num_instances = instances_allowed(spec)
     evaluator, result, _ = search_plans(
@@ -137,9 +139,10 @@ def profiler_plan(
     if len(sample) < total:
         on = f"{len(sample)} of {total} requests (evenly sampled)"
     label = cost_label or str(cost.meta.get("source", "unnamed"))
+    link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
     reason = (
         f"profiler: best of {result.num_candidates} plans on {on} at {at} "
-        f"({result.num_pruned} pruned by bound); cost model: {label}"
+        f"({result.num_pruned} pruned by bound); cost model: {label}{link}"
     )
     plan = to_plan(evaluator, result.best, reason)
     return plan.model_copy(update={"budgets": {}})

@@ -3,6 +3,7 @@ with the built-in reference cost model (LLaVA-1.5-7B, H800-class)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.workloads import random_mm, synthesize
 from epd_engine.config import SLO, Role
 from epd_engine.plan import Plan
+from epd_engine.profiler.links import LinkCoeffs
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.trace import ImageRef, TraceRecord
 from epd_operator.loop import WorkloadStats, choose_plan, heuristic_plan
@@ -110,6 +112,19 @@ def test_an_slo_no_plan_can_meet_is_a_planning_error() -> None:
     spec = auto_spec(gpuBudget=2, slo={"ttftMilliseconds": 1, "tpotMilliseconds": 1})
     with pytest.raises(PlanningError, match=r"meets TTFT<=0\.001s"):
         profiler_plan(spec, text_light(50), reference_cost_model())
+
+
+def test_pods_plan_over_the_link_their_transfer_backend_uses() -> None:
+    """Pods cannot map each other's memory, so ``auto`` plans with the measured tcp link."""
+    fast, slow = LinkCoeffs(1e-4, 50e9), LinkCoeffs(0.5, 1e6)
+    cost = dataclasses.replace(reference_cost_model(), links={"shm": fast, "tcp": slow})
+    records = trace("textvqa", 100)
+    auto = profiler_plan(auto_spec(gpuBudget=2), records, cost, "measured")
+    assert auto.reason.endswith("cost model: measured, tcp link")
+    shm = auto_spec(gpuBudget=2, engine={"transferBackend": "shm"})
+    assert profiler_plan(shm, records, cost, "measured").reason.endswith(", shm link")
+    plain = profiler_plan(auto_spec(gpuBudget=2), records, reference_cost_model(), "ref")
+    assert plain.reason.endswith("cost model: ref")  # no measured links: the stored one
 
 
 def test_bounded_search_gives_the_same_plan_or_stops_at_its_time_limit() -> None:

@@ -7,13 +7,14 @@ HydraInfer's heuristic picks; writes the chosen plan as JSON (DESIGN.md plan con
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from epd_engine.cli import UserError
-from epd_engine.commands.simulate import add_input_args, load_inputs
+from epd_engine.commands.simulate import add_input_args, link_label, load_inputs
 
 
 def _methods(text: str | None) -> Any:
@@ -39,6 +40,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.gpus < 1:
         raise UserError(f"--gpus must be >= 1, got {args.gpus}")
     records, cost, slo = load_inputs(args)
+    print(f"migrations over {link_label(cost)}")
     evaluator, exhaustive, heuristic = search_plans(
         records, cost, slo, args.gpus,
         methods=_methods(args.methods), with_heuristic=not args.no_heuristic,
@@ -87,6 +89,7 @@ def _plan(args: argparse.Namespace) -> int:
             else {"table": table_rows(heuristic, None), "elapsed_s": heuristic.elapsed_s},
             "heuristic_goodput_gap": gap,
             "cost_model": cost.meta,
+            "link": {"backend": cost.transfer_backend, **dataclasses.asdict(cost.migration)},
         }
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -30,8 +30,8 @@ def _profile(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model, seed=0, dtype=args.dtype, show_progress=False)
     if not (args.model / "config.json").is_file():
         raise UserError(f"{args.model}: no config.json (make one with `epdctl make-model`)")
-    if args.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads < 1 or args.kv_layers_per_group < 1:
+        raise UserError("--threads and --kv-layers-per-group must be >= 1")
     try:
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
         config = ProfileConfig(
@@ -40,7 +40,8 @@ def _profile(args: argparse.Namespace) -> int:
             num_image_blocks=args.num_image_blocks, max_num_running=args.max_num_running,
             max_images=args.max_images, max_prefill_tokens=args.max_prefill_tokens,
             max_decode_batch=args.max_decode_batch, repeats=args.repeats, rounds=args.rounds,
-            cpu_threads=args.threads, show_progress=not args.no_progress,
+            cpu_threads=args.threads, kv_layers_per_group=args.kv_layers_per_group,
+            show_progress=not args.no_progress,
         )  # fmt: skip
         model, samples = profile_costs(config)
     except (ModelFormatError, ValueError) as exc:
@@ -65,6 +66,10 @@ def _profile(args: argparse.Namespace) -> int:
     )
     for name, found in budgets.items():
         print(f"  {name:>3}: {found if found else 'SLO cannot be met (batch of one is too slow)'}")
+    for name, link in model.links.items():
+        used = "  (auto on one host)" if name == model.transfer_backend else ""
+        print(f"  link {name:<10} {link.latency_s * 1e6:7.0f} us per transfer, "
+              f"{link.bytes_per_s / 1e9:6.2f} GB/s{used}")  # fmt: skip
     return 0
 
 
@@ -99,10 +104,11 @@ def _recalibrate(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "profile-costs",
-        help="measure iteration costs with the real runner; save a fitted cost model (JSON)",
+        help="measure iteration costs and transfer links; save a fitted cost model (JSON)",
         description="Times encode, prefill, decode and co-located batches on this machine, "
-        "fits the cost model the simulator and planner use, and derives the SLO budgets "
-        "the way the engine does at start-up.",
+        "each transfer backend's per-transfer latency and bandwidth (pages pulled across "
+        "processes, as bench-transfer does), fits the cost model the simulator and planner "
+        "use, and derives the SLO budgets the way the engine does at start-up.",
     )
     p.add_argument("--model", type=Path, help="checkpoint directory (HF layout)")
     p.add_argument(
@@ -130,6 +136,12 @@ def register(subparsers: Any) -> None:
         type=int,
         default=1,
         help="torch threads on CPU (default 1, what each engine instance runs with)",
+    )
+    p.add_argument(
+        "--kv-layers-per-group",
+        type=int,
+        default=8,
+        help="KV moves in groups of this many layers, one transfer each (as the engine: 8)",
     )
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO for the budgets, s")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO for the budgets, s")

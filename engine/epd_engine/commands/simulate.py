@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from epd_engine.cli import UserError
 from epd_engine.commands.trace import add_workload_args, generate_from_args, load_trace
+from epd_engine.transfer import TRANSFER_BACKENDS
 
 _POOL = re.compile(r"(\d+)(EPD|EP|ED|PD|E|P|D)")
 
@@ -26,6 +28,14 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
         default="reference",
         help="cost model JSON from `epdctl profile-costs`, or 'reference' (synthetic "
         "LLaVA-1.5-7B on an H800-class GPU; default)",
+    )
+    parser.add_argument(
+        "--transfer-backend",
+        default="auto",
+        choices=TRANSFER_BACKENDS,
+        help="the deployment's migration backend: its link as profile-costs measured it "
+        "(default auto: shm, as `epdctl up` on one host uses; tcp for separate hosts). A cost "
+        "model without that backend's measurement keeps its stored link",
     )
     slo = parser.add_argument_group("SLO (defaults: HydraInfer v2, LLaVA-1.5-7B)")
     slo.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO, s (default 4)")
@@ -57,11 +67,18 @@ def load_inputs(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
             reference_cost_model()
             if args.cost_model == "reference"
             else load_cost_model(args.cost_model)
-        )
+        ).for_backend(args.transfer_backend)
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, attainment=args.attainment)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     return records, cost, slo
+
+
+def link_label(cost: Any) -> str:
+    """Which link the simulated migrations use, e.g. ``shm (40 us + 5.1 GB/s)``."""
+    m = cost.migration
+    name = cost.transfer_backend or "as stored in the cost model"
+    return f"{name} ({m.latency_s * 1e6:.0f} us + {m.bytes_per_s / 1e9:.2f} GB/s)"
 
 
 def parse_pools(text: str) -> Any:
@@ -144,7 +161,7 @@ def _simulate(args: argparse.Namespace) -> int:
         results = simulator.run(records).results
     summary = summarize(results, slo)
     budgets = {r.value: b.model_dump() for r, b in simulator.budgets.items()}
-    print(f"plan {plan.describe()}  budgets {budgets}")
+    print(f"plan {plan.describe()}  budgets {budgets}  link {link_label(cost)}")
     print(
         f"requests {summary.num_ok}/{summary.num_requests} ok  attainment {summary.attainment:.1%}"
         f"  TTFT p50/p90/p99 {summary.ttft.p50_s:.3f}/{summary.ttft.p90_s:.3f}/"
@@ -157,7 +174,8 @@ def _simulate(args: argparse.Namespace) -> int:
             trace=summarize_trace(records), summary=summary, results=results, search=search,
             mode="goodput" if args.goodput else "single", endpoint="simulator",
             model=str(cost.meta.get("model", {}).get("name", "")),
-            extra={"plan": plan.model_dump(mode="json"), "budgets": budgets, "simulated": True},
+            extra={"plan": plan.model_dump(mode="json"), "budgets": budgets, "simulated": True,
+                   "link": {"backend": cost.transfer_backend, **asdict(cost.migration)}},
         )  # fmt: skip
         print(f"results: {write_report(report, args.out)}")
     return 0

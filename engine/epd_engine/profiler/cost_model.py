@@ -20,10 +20,11 @@ tokens), so they get separate coefficients.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from epd_engine.profiler.links import LinkCoeffs, link_backend
 from epd_engine.scheduler.output import SchedulerOutput
 
 COST_MODEL_KIND = "epd-cost-model"
@@ -109,16 +110,26 @@ class LanguageCoeffs:
 
 @dataclass(frozen=True)
 class MigrationCoeffs:
-    """Pull-based transfer: a fixed handshake plus bytes over the link."""
+    """Pull-based transfer over the deployment's link: a fixed cost per transfer plus bytes
+    over the link. An image moves in one transfer, KV in one per layer group."""
 
-    latency_s: float = 0.002
+    latency_s: float = 0.002  # per transfer
     bytes_per_s: float = 1e9
     image_bytes_per_token: int = 0  # hidden_size x dtype bytes
     kv_bytes_per_token: int = 0  # 2 x layers x kv_heads x head_dim x dtype bytes
+    kv_transfers: int = 1  # layer groups per KV migration (ceil(layers / layers per group))
 
     def at(self, kind: str, num_tokens: int) -> float:
-        per_token = self.image_bytes_per_token if kind == "image" else self.kv_bytes_per_token
-        return self.latency_s + num_tokens * per_token / self.bytes_per_s
+        if kind == "image":
+            return self.latency_s + num_tokens * self.image_bytes_per_token / self.bytes_per_s
+        return (
+            self.kv_transfers * self.latency_s
+            + num_tokens * self.kv_bytes_per_token / self.bytes_per_s
+        )
+
+    def over(self, link: LinkCoeffs) -> MigrationCoeffs:
+        """The same bytes over another link."""
+        return replace(self, latency_s=link.latency_s, bytes_per_s=link.bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -142,9 +153,10 @@ class Overheads:
     migration protocol's own latency (DESIGN.md §4) on top of moving the bytes.
 
     A migration is ``handoff_s`` (step 1: the source offers, the target queues it), then, once
-    the target's scheduler admits it, ``pull_s + migration.at(kind, tokens)`` (steps 2-3: the
-    HTTP pull of the pages, the export/import on both engine threads). ``migration`` alone is
-    the raw link (a socket ping and bulk throughput), a floor the plan bounds use.
+    the target's scheduler admits it, ``pull_s + migration.at(kind, tokens)`` (steps 2-3:
+    ``pull_s`` the protocol around the pages, ``migration`` the pages over the link).
+    ``migration`` alone is the link of the deployment's transfer backend as ``profile-costs``
+    measured it (``FittedCostModel.for_backend``), a floor the plan bounds use.
 
     On one shared host these are CPU work that competes with every process of the deployment:
     ``request_s``, ``handoff_s`` and ``pull_s`` are stored per unit of CPU share
@@ -177,6 +189,11 @@ class FittedCostModel:
     capacity: Capacity = field(default_factory=Capacity)
     meta: dict[str, Any] = field(default_factory=dict)  # hardware, model, software, fit quality
     overheads: Overheads = field(default_factory=Overheads)
+    # Each backend's link as measured on the profiled machine, and the one ``migration``
+    # holds now ("" when unknown: the reference model, or files from before these were
+    # measured, whose ``migration`` is a raw loopback socket).
+    links: dict[str, LinkCoeffs] = field(default_factory=dict)
+    transfer_backend: str = ""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -198,6 +215,16 @@ class FittedCostModel:
 
     def migration_s(self, kind: str, num_tokens: int) -> float:
         return self.migration.at(kind, num_tokens)
+
+    def for_backend(self, backend: str, same_host: bool = True) -> FittedCostModel:
+        """This model with ``migration`` over the link a deployment configured with
+        ``backend`` uses (``links.link_backend``). A backend that was not measured keeps the
+        stored link: models from before per-backend links, the reference, ``cuda_ipc``."""
+        name = link_backend(backend, same_host)
+        link = self.links.get(name)
+        if link is None:
+            return self
+        return replace(self, migration=self.migration.over(link), transfer_backend=name)
 
     # ---- closed forms the budget search and the plan bounds use ---------------------------
     def prefill_s(self, num_tokens: int) -> float:
@@ -231,8 +258,10 @@ class FittedCostModel:
                 capacity=Capacity(**data.get("capacity", {})),
                 meta=dict(data.get("meta", {})),
                 overheads=_overheads(data.get("overheads", {})),
+                links={str(k): LinkCoeffs(**v) for k, v in data.get("links", {}).items()},
+                transfer_backend=str(data.get("transfer_backend", "")),
             )
-        except TypeError as exc:  # unknown or missing field
+        except (TypeError, ValueError) as exc:  # unknown, missing or impossible field
             raise ValueError(f"{source}: malformed cost model ({exc})") from exc
 
 

@@ -7,7 +7,8 @@ lengths) and co-located batches (encode + prefill + decodes). Each time is the b
 runs after a warm-up (``timing.best_of``, as the engine times itself at start-up). On CPU
 it runs with the engine's torch thread count (``EngineConfig.cpu_threads``, 1: instances
 share the host's cores), not torch's default of one thread per core, which times a
-different (and on a busy host, erratic) runner.
+different (and on a busy host, erratic) runner. Each transfer backend's link is measured
+with ``bench-transfer``'s code (``measure_links``).
 torch is imported only here, lazily.
 """
 
@@ -15,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import socket
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,13 @@ from epd_engine.profiler.cost_model import (
     MigrationCoeffs,
 )
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
+from epd_engine.profiler.links import MEASURED_BACKENDS, LinkCoeffs, fit_link
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.timing import best_of
+
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+LINK_BULK_BYTES = 32 << 20  # bulk pull for the link bandwidth: long next to a transfer's latency
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class ProfileConfig:
     repeats: int = 3
     rounds: int = 3  # passes over all batches; the minimum per batch is kept (noisy hosts)
     cpu_threads: int = EngineConfig.cpu_threads  # torch threads on CPU, as each instance runs
+    kv_layers_per_group: int = 8  # KV moves in groups of this many layers, as the engine's
     show_progress: bool = True
 
 
@@ -174,36 +179,32 @@ def measure_samples(probe: RunnerProbe) -> list[Sample]:
     ]
 
 
-def measure_link(num_bytes: int = 32 << 20) -> MigrationCoeffs:
-    """Loopback TCP: round-trip latency of a small message and bulk throughput."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
+def measure_links(
+    model: Any, dtype: str, layers_per_group: int, show_progress: bool = True
+) -> dict[str, LinkCoeffs]:
+    """Each transfer backend's per-transfer latency and bandwidth on this machine, with
+    ``bench-transfer``'s code: pages pulled across processes through the real backends, in
+    ``model``'s cache geometry (``LlavaModelConfig``), one-page pulls for the latency and a
+    request of about ``LINK_BULK_BYTES`` of KV (in layer groups) for the bandwidth."""
+    from epd_engine.bench.transfer_bench import Repeats, link_timings
+    from epd_engine.bench.transfer_shapes import shape_of
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            while data := conn.recv(1 << 20):
-                if data.endswith(b"!"):
-                    conn.sendall(b"k")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    with socket.create_connection(("127.0.0.1", port)) as client:
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        latencies = []
-        for _ in range(20):
-            start = time.perf_counter()
-            client.sendall(b"ping!")
-            client.recv(1)
-            latencies.append(time.perf_counter() - start)
-        payload = bytes(num_bytes - 1) + b"!"
-        start = time.perf_counter()
-        client.sendall(payload)
-        client.recv(1)
-        bulk_s = time.perf_counter() - start
-    server.close()
-    latency = sorted(latencies)[len(latencies) // 2]
-    return MigrationCoeffs(latency_s=latency, bytes_per_s=num_bytes / max(bulk_s - latency, 1e-9))
+    per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * _BYTES[dtype]
+    num_tokens = max(16, LINK_BULK_BYTES // per_token)
+    shape = shape_of("profile", model, dtype, num_tokens, layers_per_group)
+    repeats = Repeats(bulk=5, page=30, warmup=2)
+    total = len(MEASURED_BACKENDS) * (2 * repeats.warmup + repeats.bulk + repeats.page)
+    with (
+        tempfile.TemporaryDirectory(prefix="epd-links-") as logs,
+        tqdm(total=total, desc="links", disable=not show_progress) as bar,
+    ):
+        timings = link_timings(shape, MEASURED_BACKENDS, repeats, Path(logs), bar.update)
+    links = {}
+    for name, t in timings.items():
+        page, bulk = t["page"], t["kv"]
+        links[name] = fit_link(page["bytes"], page["pull"]["p50_s"], bulk["bytes"],
+                               bulk["num_transfers"], bulk["pull"]["p50_s"])  # fmt: skip
+    return links
 
 
 def environment(config: ProfileConfig) -> dict[str, Any]:
@@ -259,12 +260,12 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
     )
     overlap = fit_overlap([s for s in samples if s.kind == "mixed"], encode, language)
     model = probe.model
-    bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[config.dtype]
-    link = measure_link()
-    migration = replace(
-        link,
+    bytes_per = _BYTES[config.dtype]
+    links = measure_links(model, config.dtype, config.kv_layers_per_group, config.show_progress)
+    migration = MigrationCoeffs(
         image_bytes_per_token=model.hidden_size * bytes_per,
         kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads * model.head_dim * bytes_per,
+        kv_transfers=-(-model.num_layers // config.kv_layers_per_group),
     )
     capacity = Capacity(
         num_kv_blocks=config.num_kv_blocks,
@@ -282,8 +283,8 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         "num_samples": len(samples),
         "num_dropped_as_contended": encode_dropped + language_dropped,
     }
-    fitted = FittedCostModel(encode, language, overlap, migration, capacity, meta)
-    return fitted, samples
+    fitted = FittedCostModel(encode, language, overlap, migration, capacity, meta, links=links)
+    return fitted.for_backend("auto"), samples  # what `epdctl up` on this host uses
 
 
 def samples_json(samples: Iterable[Sample], model: FittedCostModel) -> list[dict[str, Any]]:

@@ -161,3 +161,7 @@ def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: 
     assert cost.meta["model"]["config_sha256"]
     assert cost.meta["budgets"]["EPD"] is not None
     assert cost.language.fixed_s + cost.language.per_token_s > 0
+    assert set(cost.links) == {"tcp", "shm", "collective"}  # measured across processes
+    assert cost.transfer_backend == "shm"  # auto on one host, as `epdctl up` deploys
+    assert cost.migration.bytes_per_s == cost.links["shm"].bytes_per_s
+    assert cost.migration.kv_transfers == 1  # tiny-llava: 2 layers, one group of 8
