@@ -18,7 +18,7 @@ def send_json(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
 
 
-def recv_json(sock: socket.socket, reader: LineReader) -> dict[str, Any]:
+def recv_json(reader: LineReader) -> dict[str, Any]:
     line = reader.readline()
     try:
         message = json.loads(line)
@@ -32,9 +32,9 @@ def recv_json(sock: socket.socket, reader: LineReader) -> dict[str, Any]:
 class LineReader:
     """Reads ``\\n``-terminated headers, then hands raw bytes over without extra copies."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, received: bytes = b"") -> None:
         self.sock = sock
-        self._buffer = bytearray()
+        self._buffer = bytearray(received)  # bytes already read off the socket
 
     def readline(self) -> bytes:
         while b"\n" not in self._buffer:

@@ -118,7 +118,7 @@ class ShmBackend:
             sock.connect("\0" + str(info.get("socket", "")))
             send_json(sock, {"token": self.token})
             message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 256)
-            header = recv_json(sock, _Prefilled(sock, message))
+            header = recv_json(LineReader(sock, message))
             if "error" in header:
                 raise TransferError(f"{peer.instance_id} refused: {header['error']}")
             specs = header.get("regions", [])
@@ -165,7 +165,7 @@ class ShmBackend:
         with conn:
             conn.settimeout(CONNECT_TIMEOUT_S)
             try:
-                hello = recv_json(conn, LineReader(conn))
+                hello = recv_json(LineReader(conn))
                 if not check_token(hello.get("token"), self.token):
                     send_json(conn, {"error": "wrong internal token"})
                     return
@@ -184,11 +184,3 @@ class ShmBackend:
         self._server.close()
         for instance_id in list(self._peers):
             self.forget(instance_id)
-
-
-class _Prefilled(LineReader):
-    """A LineReader that starts with bytes already received alongside the descriptors."""
-
-    def __init__(self, sock: socket.socket, first: bytes) -> None:
-        super().__init__(sock)
-        self._buffer = bytearray(first)

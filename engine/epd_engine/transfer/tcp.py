@@ -73,7 +73,7 @@ class TcpBackend:
         sock, reader = self._connection(peer)
         try:
             send_json(sock, transfer.to_json())
-            answer = recv_json(sock, reader)
+            answer = recv_json(reader)
             if "error" in answer:
                 raise TransferError(f"{peer.instance_id} refused: {answer['error']}")
             expected = sum(page_nbytes(layer) * len(transfer.dst_pages) for layer in dst)
@@ -83,9 +83,12 @@ class TcpBackend:
             for layer in dst:
                 for start, stop in page_runs(transfer.dst_pages):
                     _receive_run(reader, layer, start, stop)
-        except (OSError, TransferError) as exc:
+        except TransferError:
             sock.close()
-            raise exc if isinstance(exc, TransferError) else TransferError(repr(exc)) from exc
+            raise
+        except OSError as exc:  # reset, timeout: the source died or stalled
+            sock.close()
+            raise TransferError(f"pull from {peer.instance_id} failed: {exc!r}") from exc
         with self._lock:
             self._idle[peer.instance_id].append((sock, reader))
 
@@ -119,13 +122,13 @@ class TcpBackend:
         sock.settimeout(self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = LineReader(sock)
-        if not check_token(recv_json(sock, reader).get("token"), self.token):
+        if not check_token(recv_json(reader).get("token"), self.token):
             send_json(sock, {"error": "wrong internal token"})
             return
         sock.settimeout(None)  # idle between transfers is fine; the peer closes when done
         while True:
             try:
-                header = recv_json(sock, reader)
+                header = recv_json(reader)
             except TransferError:
                 return  # the peer hung up
             try:
