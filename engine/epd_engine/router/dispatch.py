@@ -75,6 +75,10 @@ class Dispatcher:
             }
             request.holder = target.instance_id
             request.instances.append(target.instance_id)
+            # The entry pool goes first in the path now: token and migration events from the
+            # pools after it can reach the router before this POST's answer does.
+            if not request.path or request.path[-1] != target.pool:
+                request.path.append(target.pool)
             try:
                 response = await self.http.post(
                     f"{target.url}/internal/requests",
@@ -94,8 +98,6 @@ class Dispatcher:
                 log.warning("submit to %s answered %d", target.url, response.status_code)
                 continue
             self.registry.note_assigned(target.instance_id)
-            if not request.path or request.path[-1] != target.pool:
-                request.path.append(target.pool)
             request.prompt_info = response.json()
             return
 
