@@ -2,15 +2,17 @@
 
 An HTTP request per batch of events cost about 6 ms each on a busy instance: every
 syscall of it (connection checks, send, receive) waits for the GIL held by the engine
-thread, and that work slowed the engine thread in turn. A stream costs one ``send`` per
-batch. Delivery stays exact across broken connections and router restarts:
+thread, and that work slowed the engine thread in turn. Here an event is written to the
+open stream in the loop iteration that produced it: the first of an iteration at once, the
+rest of the same engine step together one iteration later. Delivery stays exact across
+broken connections and router restarts:
 
 - every event carries ``seq``, numbered per ``session`` (one per process), and lines are
-  kept until the router acknowledges them;
-- a stream ends after ``max_stream_s`` (the router then answers with the last ``seq`` it
-  applied, and can shut down gracefully); the next one opens at once;
-- a failed stream is re-sent whole on the next; the router skips ``seq`` it has applied,
-  so nothing is lost, doubled or reordered.
+  kept until the stream they went on is answered;
+- a stream ends after ``max_stream_s`` (the router answers once it has read it all, and
+  can shut down gracefully); the next one opens at once;
+- after a failed stream every unanswered line is re-sent; the router skips ``seq`` it has
+  applied, so nothing is lost, doubled or reordered.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
 
-import httpx
+import h11
+
+from epd_engine.server.chunked_post import ChunkedPost
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-EPD-Event-Session"
-MAX_BUFFERED_EVENTS = 65536  # unacknowledged lines kept while the router is away
+MAX_BUFFERED_EVENTS = 65536  # unanswered lines kept while the router is away
+
+
+class StreamRefused(Exception):
+    """The router answered the stream with an error, or before it ended."""
 
 
 class EventStream:
@@ -35,82 +42,92 @@ class EventStream:
         self,
         url: str,
         headers: dict[str, str],
-        http: httpx.AsyncClient,
         max_stream_s: float = 2.0,
+        timeout_s: float = 10.0,
         max_retry_delay_s: float = 2.0,
     ) -> None:
         self.url = url
         self.session = uuid.uuid4().hex
         self.headers = {**headers, SESSION_HEADER: self.session}
-        self.http = http
         self.max_stream_s = max_stream_s
+        self.timeout_s = timeout_s
         self.max_retry_delay_s = max_retry_delay_s
         self._seq = 0
-        self._pending: list[bytes] = []  # not yet written to any stream
-        self._unacked: deque[tuple[int, bytes]] = deque()  # written, not yet acknowledged
-        self._wakeup = asyncio.Event()
+        self._post: ChunkedPost | None = None  # the open stream, if any
+        self._pending: list[bytes] = []  # put while no stream was open
+        self._unacked: deque[bytes] = deque()  # on a stream not yet answered
+        self._burst: list[bytes] | None = None  # put after this iteration's first write
 
     def put(self, event: dict[str, object]) -> None:
-        """Queue one event (event-loop thread); events leave in the order they were put."""
+        """Send one event (event-loop thread); events arrive in the order they were put."""
         self._seq += 1
-        line = json.dumps({**event, "seq": self._seq}, separators=(",", ":"))
-        self._pending.append(line.encode() + b"\n")
-        self._wakeup.set()
-        if self.num_unacknowledged > MAX_BUFFERED_EVENTS:
+        line = json.dumps({**event, "seq": self._seq}, separators=(",", ":")).encode() + b"\n"
+        if self._post is None or not self._post.writable:
+            self._pending.append(line)
+        else:
+            self._unacked.append(line)
+            if self._burst is None:  # the first of this iteration: no wait
+                self._post.write(line)
+                self._burst = []
+                asyncio.get_running_loop().call_soon(self._flush_burst)
+            else:  # the rest of this engine step's events: one write, next iteration
+                self._burst.append(line)
+        if len(self._pending) + len(self._unacked) > MAX_BUFFERED_EVENTS:
             self._drop_oldest()
 
     @property
-    def num_unacknowledged(self) -> int:
+    def num_unanswered(self) -> int:
         return len(self._pending) + len(self._unacked)
 
     async def run(self) -> None:
-        """Keep a stream open for good; on failure back off and re-send what is unacked."""
+        """Keep a stream open for good; on failure back off and re-send what is unanswered."""
         failures = 0
         while True:
             try:
                 await self._stream_once()
                 failures = 0
-            except httpx.HTTPError as exc:
+            except (OSError, TimeoutError, h11.ProtocolError, StreamRefused) as exc:
                 failures += 1
                 log.warning(
-                    "event stream to %s failed (%d unacknowledged): %r",
+                    "event stream to %s failed (%d events unanswered): %r",
                     self.url,
-                    self.num_unacknowledged,
+                    self.num_unanswered,
                     exc,
                 )
                 await asyncio.sleep(min(0.1 * 2**failures, self.max_retry_delay_s))
 
     async def _stream_once(self) -> None:
-        response = await self.http.post(
-            self.url,
-            content=self._body(),
-            headers=self.headers,
-            timeout=httpx.Timeout(10.0, pool=None),
-        )
-        response.raise_for_status()
-        self._acknowledge(int(response.json()["seq"]))
+        post = await ChunkedPost.open(self.url, self.headers, self.timeout_s)
+        try:
+            self._unacked.extend(self._pending)  # re-sent lines first, then the new ones
+            self._pending = []
+            if self._unacked:
+                post.write(b"".join(self._unacked))
+            self._post = post
+            try:
+                await asyncio.wait_for(asyncio.shield(post.answer), self.max_stream_s)
+                raise StreamRefused(f"answered before the stream ended: {post.answer.result()}")
+            except TimeoutError:  # the stream's time is up: end it
+                self._detach()
+                post.end()
+            status, body = await asyncio.wait_for(post.answer, self.timeout_s)
+            if status != 200:
+                raise StreamRefused(f"{status}: {body[:200]!r}")
+            self._unacked.clear()  # the router read the whole stream before answering
+        finally:
+            self._detach()
+            post.close()
 
-    async def _body(self) -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
-        if self._unacked:  # the last stream broke: the router skips what it applied
-            yield b"".join(line for _, line in self._unacked)
-        end_s = loop.time() + self.max_stream_s
-        while (left_s := end_s - loop.time()) > 0:
-            if not self._pending:
-                self._wakeup.clear()
-                try:  # asyncio.timeout, not wait_for: no task per wait on the hot path
-                    async with asyncio.timeout(left_s):
-                        await self._wakeup.wait()
-                except TimeoutError:
-                    return
-            lines, self._pending = self._pending, []
-            first_seq = self._seq - len(lines) + 1
-            self._unacked.extend(enumerate(lines, start=first_seq))
-            yield b"".join(lines)
+    def _flush_burst(self) -> None:
+        burst, self._burst = self._burst, None
+        if burst and self._post is not None and self._post.writable:
+            self._post.write(b"".join(burst))
+        # else: the stream is gone; the lines are unanswered and go again on the next one
 
-    def _acknowledge(self, seq: int) -> None:
-        while self._unacked and self._unacked[0][0] <= seq:
-            self._unacked.popleft()
+    def _detach(self) -> None:
+        """No more writes to this stream: what is put from now on waits for the next."""
+        self._flush_burst()
+        self._post = None
 
     def _drop_oldest(self) -> None:
         """The router has been away too long: bound memory, losing the oldest event."""
@@ -119,4 +136,4 @@ class EventStream:
         else:
             self._pending.pop(0)
         if self._seq % 1000 == 0:
-            log.error("router unreachable: dropping its oldest unacknowledged events")
+            log.error("router unreachable: dropping its oldest unanswered events")

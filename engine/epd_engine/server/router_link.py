@@ -35,7 +35,7 @@ class RouterLink:
         self.headers = {"X-EPD-Token": token}
         self.heartbeat_s = heartbeat_s
         self.instances: list[InstanceLoad] = []
-        self.events = EventStream(f"{self.router_url}/internal/event-stream", self.headers, http)
+        self.events = EventStream(f"{self.router_url}/internal/event-stream", self.headers)
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self, engine: LLMEngine) -> None:

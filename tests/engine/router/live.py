@@ -24,7 +24,7 @@ async def live_router(port: int | None = None) -> AsyncIterator[tuple[str, FastA
     app = create_app(RouterSettings(model="tiny-llava"))
     port = port or free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
