@@ -3,21 +3,24 @@
 
 Connect (once per peer): the target hosts a rendezvous store and asks the source, over
 HTTP (``POST /internal/transfer/collective/connect``), to join a two-rank group; both
-sides form it concurrently. A pull: the target posts a ``send`` control message naming
-the pages, layers and a tag; the source checks them against what the request exposes and
-queues the send on that group's sender thread (so sends leave in the order asked); the
-target receives into one contiguous buffer and scatters it into its destination pages.
+sides form it concurrently, and the source starts a thread that serves the group.
+
+A pull then never leaves the group: the target sends a JSON header (its length, then its
+bytes) naming the request, kind, layers, source and destination pages and the first data
+tag; the source checks the pages against what the request exposes and answers a status
+(an error text, or nothing). Then, for every layer and every run of pages consecutive on
+both sides, the source sends its slice of the cache and the target receives straight into
+its own slice: no staging buffer, no gather or scatter. One transfer at a time per group
+keeps both sides' message order, which is all NCCL (no tags) will need.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import json
 import logging
-import queue
 import threading
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -32,43 +35,73 @@ from epd_engine.transfer.backend import (
     TransferError,
 )
 from epd_engine.transfer.communicator import Communicator, GlooPair, rendezvous_store
+from epd_engine.transfer.pages import paired_runs
 
 log = logging.getLogger(__name__)
+HEADER_LEN_TAG, HEADER_TAG, STATUS_LEN_TAG, STATUS_TAG = 1, 2, 3, 4
+FIRST_DATA_TAG = 16
+IDLE_GROUP_TIMEOUT_S = 365 * 24 * 3600.0  # the source's serving thread waits for pulls
 
 
-def gather(layers: list[torch.Tensor], pages: list[int]) -> torch.Tensor:
-    """``[len(layers) * len(pages), *page]``: the pages of every layer, contiguous."""
-    index = torch.tensor(pages, dtype=torch.long, device=layers[0].device)
-    return torch.cat([layer.index_select(0, index) for layer in layers])
+def send_bytes(comm: Communicator, data: bytes, len_tag: int, tag: int, timeout_s: float) -> None:
+    comm.send(torch.tensor([len(data)], dtype=torch.int64), len_tag, timeout_s)
+    if data:
+        comm.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), tag, timeout_s)
 
 
-def scatter(buffer: torch.Tensor, layers: list[torch.Tensor], pages: list[int]) -> None:
-    index = torch.tensor(pages, dtype=torch.long, device=layers[0].device)
-    for layer, rows in zip(layers, buffer.split(len(pages)), strict=True):
-        layer.index_copy_(0, index, rows)
+def recv_bytes(comm: Communicator, len_tag: int, tag: int, timeout_s: float | None) -> bytes:
+    size = torch.zeros(1, dtype=torch.int64)
+    comm.recv(size, len_tag, timeout_s)
+    if not 0 <= int(size) <= 1 << 24:
+        raise TransferError(f"implausible message of {int(size)} bytes")
+    data = torch.empty(int(size), dtype=torch.uint8)
+    if int(size):
+        comm.recv(data, tag, timeout_s)
+    return data.numpy().tobytes()
 
 
-@dataclass
-class _Sender:
-    """Source side of one group: a thread that runs queued sends in order."""
+def data_messages(
+    layers: list[torch.Tensor], src: list[int], dst: list[int], on_source: bool
+) -> list[torch.Tensor]:
+    """The slices both sides exchange, in the same order: per layer, per paired run."""
+    pieces = paired_runs(src, dst)
+    return [layer[s : s + n] if on_source else layer[d : d + n]
+            for layer in layers for s, d, n in pieces]  # fmt: skip
 
-    comm: Communicator
-    jobs: queue.Queue[tuple[list[torch.Tensor], list[int], int] | None] = field(
-        default_factory=queue.Queue
-    )
 
-    def start(self) -> None:
-        threading.Thread(target=self._run, name="epd-collective-send", daemon=True).start()
+class _GroupServer:
+    """Source side of one group: a thread that answers the target's pulls in order."""
+
+    def __init__(self, comm: Communicator, regions: CacheRegions, exports: Exports) -> None:
+        self.comm = comm
+        self.regions = regions
+        self.exports = exports
+        threading.Thread(target=self._run, name="epd-collective-serve", daemon=True).start()
 
     def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            layers, pages, tag = job
-            try:
-                self.comm.send(gather(layers, pages), tag)
-            except RuntimeError as exc:  # the target gave up or died; it will recompute
-                log.warning("collective send (tag %d) failed: %r", tag, exc)
-                self.comm.close()
-                return
+        try:
+            while True:
+                header = json.loads(recv_bytes(self.comm, HEADER_LEN_TAG, HEADER_TAG, None))
+                try:
+                    messages = self._messages(header)
+                except (TransferError, KeyError, TypeError, ValueError) as exc:
+                    send_bytes(self.comm, str(exc).encode(), STATUS_LEN_TAG, STATUS_TAG, 30)
+                    continue
+                send_bytes(self.comm, b"", STATUS_LEN_TAG, STATUS_TAG, 30)
+                tag = int(header["first_tag"])
+                for offset, message in enumerate(messages):
+                    self.comm.send(message, tag + offset, 30)
+        except (RuntimeError, ValueError) as exc:  # the target left or broke the protocol
+            log.info("collective group ended: %r", exc)
+            self.comm.close()
+
+    def _messages(self, header: dict[str, Any]) -> list[torch.Tensor]:
+        kind = CacheKind(header["kind"])
+        src = [int(p) for p in header["src_pages"]]
+        dst = [int(p) for p in header["dst_pages"]]
+        start, stop = (int(x) for x in header["layers"])
+        self.exports.check(str(header["request_id"]), kind, src)
+        return data_messages(self.regions.layers(kind, start, stop), src, dst, on_source=True)
 
 
 class CollectiveBackend:
@@ -91,10 +124,10 @@ class CollectiveBackend:
         self.bind_host = bind_host
         self.advertise_host = advertise_host
         self.timeout_s = timeout_s
-        self._groups: dict[str, tuple[str, Communicator]] = {}  # peer id -> (key, group)
+        self._groups: dict[str, Communicator] = {}  # target side, by peer id
+        self._next_tag: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._senders: dict[str, _Sender] = {}  # source side, by group key
-        self._tags = itertools.count(1)
+        self._served: list[_GroupServer] = []  # source side
 
     def describe(self) -> dict[str, Any]:
         return {self.name: {"host": self.advertise_host}}
@@ -102,24 +135,39 @@ class CollectiveBackend:
     # ---- target side ------------------------------------------------------------------
     async def pull(self, peer: Peer, transfer: PageTransfer) -> None:
         lock = self._locks.setdefault(peer.instance_id, asyncio.Lock())
-        async with lock:  # one transfer in flight per group keeps sends and recvs paired
-            key, comm = await self._group(peer)
+        async with lock:  # one transfer in flight per group keeps both sides in step
+            comm = await self._group(peer)
             dst = self.regions.layers(transfer.kind, transfer.layer_start, transfer.layer_stop)
-            page = dst[0][0]
-            buffer = torch.empty((len(dst) * len(transfer.dst_pages), *page.shape),
-                                 dtype=page.dtype, device=page.device)  # fmt: skip
-            tag = next(self._tags)
-            await self._post(peer, "send", {"key": key, "tag": tag, **transfer.to_json()})
+            messages = data_messages(
+                dst, list(transfer.src_pages), list(transfer.dst_pages), on_source=False
+            )
+            first_tag = self._next_tag.get(peer.instance_id, FIRST_DATA_TAG)
+            self._next_tag[peer.instance_id] = (first_tag + len(messages)) % (
+                1 << 30
+            ) or FIRST_DATA_TAG
+            header = {**transfer.to_json(), "dst_pages": list(transfer.dst_pages),
+                      "first_tag": first_tag}  # fmt: skip
             try:
-                await asyncio.to_thread(comm.recv, buffer, tag)
+                await asyncio.to_thread(self._exchange, comm, header, messages, first_tag)
+            except TransferError:
+                raise  # refused: the group is fine
             except RuntimeError as exc:
                 self.forget(peer.instance_id)
-                raise TransferError(f"receive from {peer.instance_id} failed: {exc}") from exc
-            await asyncio.to_thread(scatter, buffer, dst, list(transfer.dst_pages))
+                raise TransferError(f"transfer with {peer.instance_id} failed: {exc}") from exc
 
-    async def _group(self, peer: Peer) -> tuple[str, Communicator]:
-        if (group := self._groups.get(peer.instance_id)) is not None:
-            return group
+    def _exchange(
+        self, comm: Communicator, header: dict[str, Any], messages: list[torch.Tensor], tag: int
+    ) -> None:
+        send_bytes(comm, json.dumps(header).encode(), HEADER_LEN_TAG, HEADER_TAG, self.timeout_s)
+        error = recv_bytes(comm, STATUS_LEN_TAG, STATUS_TAG, self.timeout_s)
+        if error:
+            raise TransferError(f"refused: {error.decode(errors='replace')}")
+        for offset, message in enumerate(messages):
+            comm.recv(message, tag + offset, self.timeout_s)  # straight into our pages
+
+    async def _group(self, peer: Peer) -> Communicator:
+        if (comm := self._groups.get(peer.instance_id)) is not None:
+            return comm
         peer.info(self.name)  # the peer must serve this backend at all
         key = uuid.uuid4().hex
         try:
@@ -130,7 +178,7 @@ class CollectiveBackend:
             raise TransferError(f"cannot host a rendezvous: {exc}") from exc
         join = {"key": key, "host": self.advertise_host, "port": store.port}
         formed = asyncio.ensure_future(
-            asyncio.to_thread(GlooPair, store, key, 1, self.bind_host, self.timeout_s)
+            asyncio.to_thread(GlooPair, store, key, 1, self.bind_host, IDLE_GROUP_TIMEOUT_S)
         )
         try:
             await self._post(peer, "connect", join)
@@ -138,10 +186,10 @@ class CollectiveBackend:
         except (TransferError, RuntimeError) as exc:
             formed.cancel()
             raise TransferError(f"cannot form a group with {peer.instance_id}: {exc}") from exc
-        self._groups[peer.instance_id] = (key, comm)
-        return key, comm
+        self._groups[peer.instance_id] = comm
+        return comm
 
-    async def _post(self, peer: Peer, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, peer: Peer, op: str, body: dict[str, Any]) -> None:
         try:
             response = await self.http.post(
                 f"{peer.url}/internal/transfer/{self.name}/{op}",
@@ -153,53 +201,35 @@ class CollectiveBackend:
             raise TransferError(f"{op} to {peer.instance_id} failed: {exc!r}") from exc
         if response.status_code != 200:
             raise TransferError(f"{peer.instance_id} refused {op}: {response.text[:200]}")
-        answer: dict[str, Any] = response.json()
-        return answer
 
     def forget(self, instance_id: str) -> None:
-        group = self._groups.pop(instance_id, None)
-        if group is not None:
-            group[1].close()
+        self._next_tag.pop(instance_id, None)
+        comm = self._groups.pop(instance_id, None)
+        if comm is not None:
+            comm.close()
 
     # ---- source side ------------------------------------------------------------------
     async def control(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        if op != "connect":
+            raise TransferError(f"the collective backend has no control operation {op!r}")
         try:
-            if op == "connect":
-                return await self._join(str(body["key"]), str(body["host"]), int(body["port"]))
-            if op == "send":
-                return self._queue_send(body)
+            key, host, port = str(body["key"]), str(body["host"]), int(body["port"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise TransferError(f"malformed {op} message: {exc!r}") from exc
-        raise TransferError(f"the collective backend has no control operation {op!r}")
+            raise TransferError(f"malformed connect message: {exc!r}") from exc
 
-    async def _join(self, key: str, host: str, port: int) -> dict[str, Any]:
         def form() -> Communicator:
             store = rendezvous_store(host, port, False, self.timeout_s)
-            return GlooPair(store, key, 0, self.bind_host, self.timeout_s)
+            return GlooPair(store, key, 0, self.bind_host, IDLE_GROUP_TIMEOUT_S)
 
         try:
             comm = await asyncio.to_thread(form)
         except RuntimeError as exc:
             raise TransferError(f"cannot join group {key}: {exc}") from exc
-        sender = _Sender(comm)
-        sender.start()
-        self._senders[key] = sender
+        self._served.append(_GroupServer(comm, self.regions, self.exports))
         return {"status": "joined"}
 
-    def _queue_send(self, body: dict[str, Any]) -> dict[str, Any]:
-        sender = self._senders.get(str(body["key"]))
-        if sender is None:
-            raise TransferError("no such group: connect first")
-        kind = CacheKind(body["kind"])
-        pages = [int(p) for p in body["src_pages"]]
-        start, stop = (int(x) for x in body["layers"])
-        self.exports.check(str(body["request_id"]), kind, pages)
-        layers = self.regions.layers(kind, start, stop)
-        sender.jobs.put((layers, pages, int(body["tag"])))
-        return {"status": "queued"}
-
     async def close(self) -> None:
-        for sender in self._senders.values():
-            sender.jobs.put(None)
         for instance_id in list(self._groups):
             self.forget(instance_id)
+        for server in self._served:
+            server.comm.close()

@@ -20,12 +20,14 @@ import torch.distributed as dist
 class Communicator(Protocol):
     rank: int  # 0: the source (sends), 1: the target (receives)
 
-    def send(self, tensor: torch.Tensor, tag: int) -> None:
-        """Blocks until ``tensor`` (contiguous) is handed to the peer."""
+    def send(self, tensor: torch.Tensor, tag: int, timeout_s: float | None = None) -> None:
+        """Blocks until ``tensor`` (contiguous) is handed to the peer; sends with one tag
+        are received in order. ``RuntimeError`` when the peer is gone or the time is up."""
         ...
 
-    def recv(self, tensor: torch.Tensor, tag: int) -> None:
-        """Blocks until ``tensor`` (contiguous, preallocated) holds the peer's send."""
+    def recv(self, tensor: torch.Tensor, tag: int, timeout_s: float | None = None) -> None:
+        """Blocks until ``tensor`` (contiguous, preallocated: a view of the destination
+        pages works) holds the peer's send; ``None`` waits as long as the group allows."""
         ...
 
     def close(self) -> None: ...
@@ -55,12 +57,19 @@ class GlooPair:
             dist.PrefixStore(f"{key}/", store), rank, 2, options
         )
 
-    def send(self, tensor: torch.Tensor, tag: int) -> None:
-        self._group.send([tensor], 1 - self.rank, tag).wait()
+    def send(self, tensor: torch.Tensor, tag: int, timeout_s: float | None = None) -> None:
+        _wait(self._group.send([tensor], 1 - self.rank, tag), timeout_s)
 
-    def recv(self, tensor: torch.Tensor, tag: int) -> None:
-        self._group.recv([tensor], 1 - self.rank, tag).wait()
+    def recv(self, tensor: torch.Tensor, tag: int, timeout_s: float | None = None) -> None:
+        _wait(self._group.recv([tensor], 1 - self.rank, tag), timeout_s)
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # already broken: nothing left to tear down
             self._group.abort()
+
+
+def _wait(work: Any, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(datetime.timedelta(seconds=timeout_s))
