@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -14,6 +13,7 @@ from epd_engine.config import internal_token
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
 from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.keepalive_client import KeepAliveClient
 from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
@@ -33,14 +33,15 @@ def create_app(settings: RouterSettings) -> FastAPI:
         recorder = TraceRecorder(
             settings.trace_dir, settings.trace_max_bytes, settings.trace_max_files
         )
-        async with httpx.AsyncClient() as http:
-            dispatcher = Dispatcher(settings, registry, http, internal_token(), metrics, recorder)
-            app.state.dispatcher = dispatcher
-            watcher = asyncio.create_task(dispatcher.watch_instances())
-            try:
-                yield
-            finally:
-                watcher.cancel()
+        http = KeepAliveClient()
+        dispatcher = Dispatcher(settings, registry, http, internal_token(), metrics, recorder)
+        app.state.dispatcher = dispatcher
+        watcher = asyncio.create_task(dispatcher.watch_instances())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            http.close()
 
     app = FastAPI(title="EPD router", lifespan=lifespan)
     install_error_handlers(app)

@@ -8,13 +8,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import httpx
+import h11
 import numpy as np
 
 from epd_engine.errors import ClientError, ServiceUnavailable
 from epd_engine.metrics import Metrics
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
+from epd_engine.router.keepalive_client import KeepAliveClient
 from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 class Dispatcher:
     settings: RouterSettings
     registry: Registry
-    http: httpx.AsyncClient
+    http: KeepAliveClient  # submits to instances (on every request's time to first token)
     token: str
     metrics: Metrics
     recorder: TraceRecorder
@@ -80,13 +81,13 @@ class Dispatcher:
             if not request.path or request.path[-1] != target.pool:
                 request.path.append(target.pool)
             try:
-                response = await self.http.post(
+                response = await self.http.post_json(
                     f"{target.url}/internal/requests",
-                    json=payload,
+                    payload,
                     headers={"X-EPD-Token": self.token},
-                    timeout=60.0,
+                    timeout_s=60.0,
                 )
-            except httpx.HTTPError as exc:
+            except (OSError, TimeoutError, h11.ProtocolError) as exc:
                 log.warning("submit to %s failed: %r", target.url, exc)
                 continue
             if 400 <= response.status_code < 500:

@@ -1,0 +1,132 @@
+"""JSON POSTs to instances over kept-alive HTTP/1.1 connections (asyncio + h11).
+
+The router's submit is on every request's time to first token. Through httpx a POST cost
+about 3 ms round trip on loopback where the same bytes over a plain connection took 0.9 ms
+(httpx runs some 2,500 Python calls per request); the instance saw the request 3.2 ms after
+the router sent it. This client writes the request in one go and parses the answer with h11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections import defaultdict
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+
+Origin = tuple[str, int, bool]  # host, port, https
+MAX_IDLE_S = 4.0
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(our_role=h11.CLIENT)
+        self.last_used_s = time.monotonic()
+
+    @property
+    def reusable(self) -> bool:
+        # uvicorn closes a connection idle for 5 s: leave it first, never race its close
+        idle_s = time.monotonic() - self.last_used_s
+        return idle_s < MAX_IDLE_S and not self.reader.at_eof() and not self.writer.is_closing()
+
+    async def post(self, target: str, host: str, body: bytes, headers: dict[str, str]) -> Answer:
+        head = [("Host", host), ("Content-Type", "application/json")]
+        head += [("Content-Length", str(len(body))), *headers.items()]
+        data = self.h11.send(h11.Request(method="POST", target=target, headers=head))
+        self.writer.write(b"".join([data or b"", self.h11.send(h11.Data(data=body)) or b""]))
+        self.writer.write(self.h11.send(h11.EndOfMessage()) or b"")
+        status, answer = 0, bytearray()
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.reader.read(65536))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                answer += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return Answer(status, bytes(answer))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionError("the instance closed the connection before answering")
+
+    def recycle(self) -> bool:
+        """Ready the connection for its next request; False when it cannot take one."""
+        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+            self.h11.start_next_cycle()
+            self.last_used_s = time.monotonic()
+            return self.reusable
+        return False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Answer:
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class KeepAliveClient:
+    """One request per connection at a time; idle connections are kept per origin."""
+
+    def __init__(self, connect_timeout_s: float = 10.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: defaultdict[Origin, list[_Connection]] = defaultdict(list)
+
+    async def post_json(
+        self, url: str, payload: object, headers: dict[str, str], timeout_s: float
+    ) -> Answer:
+        """POST ``payload`` as JSON. Raises OSError, TimeoutError or h11.ProtocolError and
+        never retries: a request that may have run is not sent twice."""
+        parts = urlsplit(url)
+        https = parts.scheme == "https"
+        origin = (parts.hostname or "", parts.port or (443 if https else 80), https)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        connection = await self._acquire(origin)
+        try:
+            answer = await asyncio.wait_for(
+                connection.post(target, parts.netloc, body, headers), timeout_s
+            )
+        except BaseException:  # failed, timed out or cancelled mid-request: not reusable
+            connection.close()
+            raise
+        if connection.recycle():
+            self._idle[origin].append(connection)
+        else:
+            connection.close()
+        return answer
+
+    async def _acquire(self, origin: Origin) -> _Connection:
+        idle = self._idle[origin]
+        while idle:
+            connection = idle.pop()
+            if connection.reusable:
+                return connection
+            connection.close()
+        host, port, https = origin
+        context = ssl.create_default_context() if https else None
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context), self.connect_timeout_s
+        )
+        return _Connection(reader, writer)
+
+    def close(self) -> None:
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.close()
+        self._idle.clear()
