@@ -107,8 +107,9 @@ async def _chunks(dispatcher: Dispatcher, inflight: InflightRequest) -> AsyncIte
     deadline = dispatcher.settings.request_timeout_s
     try:
         while True:
-            try:
-                chunk = await asyncio.wait_for(inflight.chunks.get(), timeout=deadline)
+            try:  # asyncio.timeout, not wait_for: no task per chunk
+                async with asyncio.timeout(deadline):
+                    chunk = await inflight.chunks.get()
             except TimeoutError:
                 inflight.fail(f"no progress for {deadline:.0f} s")
                 chunk = await inflight.chunks.get()
