@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from epd_engine.cli import UserError
@@ -89,11 +90,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise UserError(str(exc)) from exc
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from epd_engine.server.app import ServerSettings, create_app
 
+    # The engine thread holds the GIL through the Python parts of every step; the event loop
+    # (pulls, token events, heartbeats) must not wait the default 5 ms for it each time.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

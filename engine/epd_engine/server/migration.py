@@ -241,10 +241,13 @@ class MigrationManager:
 
     def on_pull(self, task: PullTask) -> None:
         """Engine thread: a PullTask was scheduled; do the I/O on the event loop."""
-        self.loop.call_soon_threadsafe(lambda: self._spawn(self._pull(task)))
+        issued_s = time.monotonic()
+        self.loop.call_soon_threadsafe(lambda: self._spawn(self._pull(task, issued_s)))
 
-    async def _pull(self, task: PullTask) -> None:
-        start = time.monotonic()
+    async def _pull(self, task: PullTask, issued_s: float) -> None:
+        """The migration's time runs from the pull's scheduling to the bytes being in our
+        pages; the wait for the engine's next iteration after that is queueing (it is in
+        the stage's queue time, and the simulator models it as such)."""
         if self.pull_delay_s:
             await asyncio.sleep(self.pull_delay_s)
         source = task.source
@@ -262,11 +265,11 @@ class MigrationManager:
             await self._pull_failed(task, str(exc))
             return
 
+        seconds = time.monotonic() - issued_s
         # Read before landing: once landed, the engine may finish its stage and hand the
         # request on (dropping the stream) before this coroutine runs again.
         stream = self.engine.streams.get(task.request_id)
         await self.engine.call_async(lambda: engine.scheduler.pull_done(task.request_id))
-        seconds = time.monotonic() - start
         if stream is not None and stream.routing is not None:
             self.link.send_raw(
                 {
