@@ -7,8 +7,8 @@ host waits for the CPU. From a ``epdctl bench`` report whose requests carry per-
 next on an instance, for a migrated request when the target queued the offer, so a
 ``prefill_queue`` / ``decode_queue`` after a migration includes its pull) this estimates:
 
-- ``pull_s``: the router's ``migration_{kind}`` seconds (the target's pull: HTTP fetch,
-  export and import on both engine threads) minus the bytes over the link;
+- ``pull_s``: the router's ``migration_{kind}`` seconds (the target's pull, from its
+  scheduling to the bytes in its pages) minus the bytes over the link;
 - ``handoff_s``: the offer, from the source's last step to the target's queue. Not reported
   directly, but a KV hop sits inside the client's first inter-token gap: the first token
   leaves the prefill instance as the offer goes out, the second comes after the target's
