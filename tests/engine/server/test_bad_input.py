@@ -111,7 +111,7 @@ def test_oversized_image_fixture_really_is_over_the_limit() -> None:
     [
         ("POST", "/internal/requests"),
         ("POST", "/internal/migrations"),
-        ("POST", "/internal/migrations/x/pages"),
+        ("POST", "/internal/transfer/collective/connect"),
         ("POST", "/internal/migrations/x/release"),
     ],
 )
