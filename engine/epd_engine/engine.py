@@ -25,10 +25,9 @@ from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, Sched
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
-from epd_engine.transfer.memory import CacheMemory
+from epd_engine.transfer.memory import CacheMemory, dtype_of
 
 log = logging.getLogger(__name__)
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class LLMEngine:
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
         self.model_config = LlavaModelConfig.from_dir(config.model_dir)
-        dtype = _DTYPES[config.dtype]
+        dtype = dtype_of(config.dtype)
         role = config.role
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         vision = load_vision(config.model_dir, dtype, config.device) if role.needs_vision else None

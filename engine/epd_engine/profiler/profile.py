@@ -77,17 +77,17 @@ class RunnerProbe:
     def __init__(self, config: ProfileConfig) -> None:
         import torch
 
-        from epd_engine.engine import _DTYPES
         from epd_engine.model.loader import load_language, load_vision
         from epd_engine.model.model_config import LlavaModelConfig
         from epd_engine.runner import CacheShape, ModelRunner
+        from epd_engine.transfer.memory import dtype_of
 
         self.torch = torch
         self.config = config
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
         self.model = LlavaModelConfig.from_dir(config.model_dir)
-        dtype = _DTYPES[config.dtype]
+        dtype = dtype_of(config.dtype)
         vision = load_vision(config.model_dir, dtype, config.device)
         language = load_language(config.model_dir, dtype, config.device)
         self.shape = CacheShape(

@@ -8,6 +8,7 @@ kernel frees it when the last process holding it exits -- a killed instance leak
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class SharedMemory:
     def zeros(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if name in self.regions:
             raise ValueError(f"cache region {name!r} allocated twice")
-        nbytes = max(1, _numel(shape) * torch.empty((), dtype=dtype).element_size())
+        nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
         fd = os.memfd_create(f"epd-{name}", os.MFD_CLOEXEC)
         os.ftruncate(fd, nbytes)
         tensor = map_region(fd, nbytes, shape, dtype)
@@ -69,7 +70,7 @@ class SharedMemory:
 def map_region(fd: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A tensor over the whole of a shared region (the mapping lives as long as the tensor)."""
     buffer = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    return torch.frombuffer(buffer, dtype=dtype, count=_numel(shape)).view(shape)
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -84,10 +85,3 @@ def dtype_of(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         raise ValueError(f"unsupported cache dtype {name!r}") from None
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
