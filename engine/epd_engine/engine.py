@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
+from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
@@ -54,6 +56,11 @@ class StepStats:
     pulls: list[PullTask] = field(default_factory=list)
     evicted_ids: list[str] = field(default_factory=list)
     idle: bool = False  # nothing could run (waiting on pages, pulls or new work)
+
+
+# Engine thread, when prefill chunks whose KV will migrate are about to run: returns what to
+# call after each layer has written them (or None), so the KV can move while prefill runs.
+PrefillWatcher = Callable[[list[tuple[Request, TokenTask]]], LayerWritten | None]
 
 
 class LLMEngine:
@@ -100,6 +107,8 @@ class LLMEngine:
         self._stage_ready_s: dict[tuple[str, Stage], float] = {}
         self._stage_started: dict[tuple[str, Stage], tuple[float, float]] = {}  # (start, queue)
         self._offered: set[str] = set()
+        self.watch_prefill: PrefillWatcher | None = None
+        self.on_forget: Callable[[str], None] | None = None  # a request left this engine
         log.info(
             "engine ready: role=%s token_budget=%d image_budget=%d",
             role,
@@ -189,7 +198,7 @@ class LLMEngine:
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
-        sampled = self.runner.execute(out, pixels, self._params)
+        sampled = self.runner.execute(out, pixels, self._params, self._watch_prefills(out))
         events = self.scheduler.update(out, sampled)
         now = time.monotonic()
         for request_id in {t.request_id for t in out.token_tasks} | {
@@ -206,6 +215,13 @@ class LLMEngine:
             self._mark_ready(request)
         stats.duration_s = time.monotonic() - start
         return events, stats
+
+    def _watch_prefills(self, out: SchedulerOutput) -> LayerWritten | None:
+        """On an instance that does not decode, every prefill's KV migrates next."""
+        if self.watch_prefill is None or not out.prefills or self.config.role.decodes:
+            return None
+        requests = self.scheduler.requests
+        return self.watch_prefill([(requests[t.request_id], t) for t in out.prefills])
 
     def _note_stage_starts(self, out: SchedulerOutput, stats: StepStats, now: float) -> None:
         """Per-stage queue time: from when a stage became next to its first scheduled work."""
@@ -275,6 +291,8 @@ class LLMEngine:
         return self.model_config.num_layers
 
     def _forget(self, request_id: str) -> None:
+        if self.on_forget is not None:
+            self.on_forget(request_id)
         self._pixels.pop(request_id, None)
         self._params.pop(request_id, None)
         self.runner.forget(request_id)

@@ -96,6 +96,12 @@ class Metrics:
             registry=r,
             buckets=_LATENCY_BUCKETS_S,
         )
+        self.kv_groups_pulled = Counter(
+            "epd_kv_groups_pulled_total",
+            "KV layer groups this instance pulled; overlapped: the source was still prefilling.",
+            (*_BASE, "overlapped"),
+            registry=r,
+        )
         self.batch_tokens = Histogram(
             "epd_batch_tokens",
             "Tokens per iteration.",

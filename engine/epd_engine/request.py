@@ -66,7 +66,8 @@ class CacheKind(enum.StrEnum):
 class PullSpec:
     """Where a migrated-in request's cache lives until this instance pulls it: the source,
     how its transfer backends are reached (``descriptor``), and its pages (per image, in
-    prompt order; KV pages in sequence order)."""
+    prompt order; KV pages in sequence order). ``early``: offered while the source is still
+    prefilling; its pages and readiness come from progress polls."""
 
     kind: CacheKind
     source_url: str
@@ -74,6 +75,7 @@ class PullSpec:
     descriptor: dict[str, Any] = field(default_factory=dict)
     image_pages: tuple[tuple[int, ...], ...] = ()
     kv_pages: tuple[int, ...] = ()
+    early: bool = False
 
 
 @dataclass

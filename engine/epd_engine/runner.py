@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from epd_engine.model.attention import AttentionMetadata
-from epd_engine.model.llava import LlavaLanguage, LlavaVision
+from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.transfer.backend import CacheRegions
@@ -85,7 +85,9 @@ class ModelRunner:
 
     # ---- prefill + decode -------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, tasks: list[TokenTask]) -> torch.Tensor:
+    def forward(
+        self, tasks: list[TokenTask], layer_written: LayerWritten | None = None
+    ) -> torch.Tensor:
         """Hidden states of the last token of every task that samples: ``[S_sample, H]``."""
         assert self.language is not None
         block_size = self.shape.kv_block_size
@@ -116,7 +118,7 @@ class ModelRunner:
             block_size=block_size,
         )
         position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
-        hidden = self.language(embeds, position_ids, self.kv_caches, meta)  # [T, H]
+        hidden = self.language(embeds, position_ids, self.kv_caches, meta, layer_written)
         last_rows = [query_start_loc[i + 1] - 1 for i, t in enumerate(tasks) if t.sample]
         return hidden[last_rows]
 
@@ -162,13 +164,14 @@ class ModelRunner:
         out: SchedulerOutput,
         pixels: list[torch.Tensor],
         params_of: dict[str, SamplingParams],
+        layer_written: LayerWritten | None = None,
     ) -> dict[str, int]:
         """Run one iteration: encodes first (their pages are read next iteration), then tokens."""
         self.encode(out.encodes, pixels)
         tasks = out.token_tasks
         if not tasks:
             return {}
-        hidden = self.forward(tasks)
+        hidden = self.forward(tasks, layer_written)
         sampling_ids = [t.request_id for t in tasks if t.sample]
         tokens = self.sample(hidden, sampling_ids, [params_of[r] for r in sampling_ids])
         return dict(zip(sampling_ids, tokens, strict=True))

@@ -62,7 +62,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="port of the tcp page server (default: any free port; peers learn it per offer)",
     )
-    p.add_argument("--kv-layers-per-group", type=int, default=8)
+    p.add_argument(
+        "--kv-layers-per-group",
+        type=int,
+        default=8,
+        help="KV migrates in groups of this many layers (each moves once it is written)",
+    )
+    p.add_argument(
+        "--kv-handoff",
+        choices=("early", "after-prefill"),
+        default="early",
+        help="early: offer a request to its decode instance when prefill starts and move "
+        "its KV layer group by layer group while prefill runs; after-prefill: offer it "
+        "once prefill has ended",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -126,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         transfer_backend=args.transfer_backend,
         transfer_port=args.transfer_port,
         kv_layers_per_group=args.kv_layers_per_group,
+        early_kv=args.kv_handoff == "early",
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0

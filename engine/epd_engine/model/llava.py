@@ -8,6 +8,8 @@ paged KV cache behind an injected ``AttentionBackend``. Parameter names mirror t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -24,6 +26,8 @@ from epd_engine.model.layers import (
 )
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
+
+LayerWritten = Callable[[int], None]  # called with a layer's index once its KV is written
 
 
 class ClipVisionModel(nn.Module):
@@ -152,13 +156,20 @@ class LlavaLanguage(nn.Module):
         positions: torch.Tensor,  # [T] int64 absolute positions
         kv_caches: list[torch.Tensor],  # per layer [num_blocks, 2, block_size, Hkv, D]
         meta: AttentionMetadata,
+        layer_written: LayerWritten | None = None,
     ) -> torch.Tensor:  # [T, H], final norm applied
+        """``layer_written(i)`` runs once layer ``i`` has written this batch's KV, so a
+        migration can move that layer while the next ones compute. (On a GPU the KV is
+        written when the kernel ends, not when the call returns: a GPU caller records an
+        event here and waits on it before copying.)"""
         hidden = inputs_embeds.to(self.embed_tokens.weight.dtype)
         cos, sin = rope_cos_sin(
             positions.to(hidden.device), self.config.head_dim, self.config.rope_theta, hidden.dtype
         )
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden = layer(hidden, cos, sin, kv_cache, meta)
+            if layer_written is not None:
+                layer_written(index)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32

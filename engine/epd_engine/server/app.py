@@ -40,6 +40,7 @@ class ServerSettings:
     transfer_backend: str = "auto"
     transfer_port: int = 0  # tcp page server; 0 picks a free port (peers learn it per offer)
     kv_layers_per_group: int = 8  # KV moves in layer groups so transfer can overlap compute
+    early_kv: bool = True  # offer KV when prefill starts and move groups as they are written
 
     def transfer(self) -> TransferSettings:
         return TransferSettings(
@@ -96,7 +97,15 @@ def _connect_router(
     regions = state.engine.engine.runner.regions
     backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)
     state.migration = MigrationManager(
-        state.engine, link, backend, exports, state.http, token, settings.kv_layers_per_group
+        state.engine,
+        link,
+        backend,
+        exports,
+        state.http,
+        token,
+        settings.kv_layers_per_group,
+        early_kv=settings.early_kv,
+        metrics=state.metrics,
     )
     return link
 

@@ -24,6 +24,11 @@ class Forbidden(ClientError):
     error_type = "permission_error"
 
 
+class NotFound(ClientError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
 async def require_token(x_epd_token: str = Header(default="")) -> None:
     # async: FastAPI runs a plain ``def`` dependency in a worker thread, a GIL hand-off
     # that cost milliseconds per internal request next to a busy engine thread
@@ -115,6 +120,19 @@ async def transfer_control(
         return await state.migration.backend.control(op, body)
     except TransferError as exc:
         raise ClientError(str(exc), code="transfer_refused") from exc
+
+
+@router.get("/migrations/{request_id}/progress")
+async def progress(request_id: str, request: Request, after: int = -1) -> dict[str, Any]:
+    """Long-poll of an early offer's target: answers once the prefill progressed past
+    ``after`` (a version it saw), or after a while unchanged."""
+    state = _state(request)
+    if state.migration is None:
+        raise ClientError("this instance has no router link")
+    answer = await state.migration.progress(request_id, after)
+    if answer is None:
+        raise NotFound(f"no request {request_id} offered early here")
+    return answer.model_dump(mode="json")
 
 
 @router.post("/migrations/{request_id}/release")

@@ -5,6 +5,10 @@
 2. when the target's scheduler has pages for it, the target pulls (``backend.pull``);
 3. the backend copies the source's pages into the target's (``transfer/*.py``);
 4. target -> source release: the source frees its pages.
+
+KV offered early (``MigrationOffer.early``) goes to the target when prefill *starts*; the
+target pre-admits it and long-polls the source's ``PrefillProgress`` to pull each layer group
+as soon as it is written; the answer that ends prefill carries ``PrefillDone``.
 """
 
 from __future__ import annotations
@@ -57,3 +61,24 @@ class MigrationOffer(BaseModel):
     transfer: dict[str, dict[str, Any]] = Field(default_factory=dict)  # backend -> connect info
     emitted_text: str = ""  # what the client has already received
     routing: Routing
+    # Offered when prefill started: ``num_computed_tokens`` is what prefill will compute,
+    # ``kv_pages`` is empty and the pages, readiness and first token come by progress polls.
+    early: bool = False
+
+
+class PrefillDone(BaseModel):
+    """What a target of an early offer needs once the source's prefill has ended."""
+
+    num_computed_tokens: int
+    output_token_ids: list[int]  # including the token prefill sampled
+    emitted_text: str
+
+
+class PrefillProgress(BaseModel):
+    """The source's answer to a progress poll of an early offer."""
+
+    version: int  # grows with every change; poll with the last one seen
+    written: list[int]  # per layer: tokens whose KV that layer holds
+    pages: list[int]  # the request's KV pages at the source, in sequence order
+    done: PrefillDone | None = None
+    ended: bool = False  # finished or aborted at the source: nothing will come

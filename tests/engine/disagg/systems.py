@@ -31,6 +31,7 @@ def local_system(
     instance_env: dict[str, str] | None = None,
     instance_timeout_s: float = 3.0,
     transfer_backend: str = "auto",
+    engine_args: tuple[str, ...] = (),
 ) -> Iterator[LocalSystem]:
     spec = LaunchSpec(
         name="test",
@@ -39,7 +40,7 @@ def local_system(
         plan=plan,
         router_port=free_port(),
         run_dir=run_dir,
-        engine_args=[*ENGINE_ARGS, "--transfer-backend", transfer_backend],
+        engine_args=[*ENGINE_ARGS, "--transfer-backend", transfer_backend, *engine_args],
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
     )

@@ -18,7 +18,6 @@ from epd_engine.config import Method, Stage
 from epd_engine.trace import parse_trace
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.disagg.workload import CASES, run_all
-from tests.processes import free_port, running
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +29,6 @@ SECOND_INSTANCE = {
     Method.E_PD: {"E": 2},
     Method.EPD: {"EPD": 2},
 }
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Outputs of one standalone EPD instance (no router)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("reference") / "serve.log"
-    args = [
-        "serve", "--model", str(tiny_model_dir), "--served-model-name", "tiny-llava",
-        "--port", str(port), "--token-budget", "256", "--image-budget", "4",
-        "--num-kv-blocks", "256", "--num-image-blocks", "16",
-    ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with running(args, f"{url}/health/ready", log):
-        return asyncio.run(run_all(f"{url}/v1"))
 
 
 def backend_matrix() -> list[tuple[Method, str]]:
