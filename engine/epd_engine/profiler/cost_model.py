@@ -118,14 +118,20 @@ class MigrationCoeffs:
     image_bytes_per_token: int = 0  # hidden_size x dtype bytes
     kv_bytes_per_token: int = 0  # 2 x layers x kv_heads x head_dim x dtype bytes
     kv_transfers: int = 1  # layer groups per KV migration (ceil(layers / layers per group))
+    # The engine's early hand-off: KV groups move while prefill runs, so only the last one is
+    # left once it ends. (Assumes a group moves faster than the next group's layers compute;
+    # a link slower than that would show more, which this model does not.)
+    early_kv: bool = True
 
     def at(self, kind: str, num_tokens: int) -> float:
+        """The migration's time on the request's path, after its source stage ended."""
         if kind == "image":
             return self.latency_s + num_tokens * self.image_bytes_per_token / self.bytes_per_s
-        return (
+        whole = (
             self.kv_transfers * self.latency_s
             + num_tokens * self.kv_bytes_per_token / self.bytes_per_s
         )
+        return whole / self.kv_transfers if self.early_kv else whole
 
     def over(self, link: LinkCoeffs) -> MigrationCoeffs:
         """The same bytes over another link."""

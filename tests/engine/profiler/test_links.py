@@ -74,6 +74,10 @@ def test_the_committed_cost_model_from_before_links_loads_and_keeps_its_link() -
     assert old.for_backend("auto") == old  # nothing measured per backend: the stored link
 
 
+def replace_early(migration: MigrationCoeffs, early: bool) -> MigrationCoeffs:
+    return dataclasses.replace(migration, early_kv=early)
+
+
 def test_each_backend_gets_its_own_link_and_kv_pays_latency_per_layer_group() -> None:
     model = with_links()
     assert model.transfer_backend == "shm" and model.migration.latency_s == 0.0001
@@ -82,8 +86,11 @@ def test_each_backend_gets_its_own_link_and_kv_pays_latency_per_layer_group() ->
     assert model.for_backend("auto", same_host=False).transfer_backend == "tcp"
     assert model.for_backend("cuda_ipc") == model  # not measured: unchanged
     grouped = dataclasses.replace(tcp, migration=dataclasses.replace(tcp.migration, kv_transfers=4))
-    assert grouped.migration_s("kv", 0) == pytest.approx(4 * 0.050)
     assert grouped.migration_s("image", 0) == pytest.approx(0.050)
+    # early hand-off: three groups moved while prefill ran, the last is on the request's path
+    assert grouped.migration_s("kv", 0) == pytest.approx(0.050)
+    after = dataclasses.replace(grouped, migration=replace_early(grouped.migration, False))
+    assert after.migration_s("kv", 0) == pytest.approx(4 * 0.050)
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm", "collective"])
