@@ -126,6 +126,22 @@ class Exports:
             raise TransferError(f"pages outside what {request_id} exposes were asked for")
 
 
+def requested_layers(
+    header: dict[str, Any], exports: Exports, regions: CacheRegions
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Source side: the cache layers and source pages a peer's transfer header
+    (``PageTransfer.to_json``) asks for, once checked against what the request exposes."""
+    try:
+        request_id = str(header["request_id"])
+        kind = CacheKind(header["kind"])
+        pages = [int(p) for p in header["src_pages"]]
+        start, stop = (int(x) for x in header["layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TransferError(f"malformed transfer header: {exc!r}") from exc
+    exports.check(request_id, kind, pages)
+    return regions.layers(kind, start, stop), pages
+
+
 class TransferBackend(Protocol):
     """Moves page contents between instances (contract in the module docstring)."""
 

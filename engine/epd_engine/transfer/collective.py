@@ -26,13 +26,13 @@ from typing import Any
 import httpx
 import torch
 
-from epd_engine.request import CacheKind
 from epd_engine.transfer.backend import (
     CacheRegions,
     Exports,
     PageTransfer,
     Peer,
     TransferError,
+    requested_layers,
 )
 from epd_engine.transfer.communicator import Communicator, GlooPair, rendezvous_store
 from epd_engine.transfer.pages import paired_runs
@@ -96,12 +96,12 @@ class _GroupServer:
             self.comm.close()
 
     def _messages(self, header: dict[str, Any]) -> list[torch.Tensor]:
-        kind = CacheKind(header["kind"])
-        src = [int(p) for p in header["src_pages"]]
-        dst = [int(p) for p in header["dst_pages"]]
-        start, stop = (int(x) for x in header["layers"])
-        self.exports.check(str(header["request_id"]), kind, src)
-        return data_messages(self.regions.layers(kind, start, stop), src, dst, on_source=True)
+        layers, src = requested_layers(header, self.exports, self.regions)
+        try:
+            dst = [int(p) for p in header["dst_pages"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TransferError(f"malformed transfer header: {exc!r}") from exc
+        return data_messages(layers, src, dst, on_source=True)
 
 
 class CollectiveBackend:

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from epd_engine.request import CacheKind
 from epd_engine.transfer.backend import (
     CacheRegions,
     Exports,
     PageTransfer,
     Peer,
     TransferError,
+    requested_layers,
 )
 from epd_engine.transfer.pages import byte_view, page_nbytes, page_runs
 from epd_engine.transfer.peer_socket import LineReader, check_token, recv_json, send_json
@@ -142,11 +142,7 @@ class TcpBackend:
                     sock.sendall(_readable(layer, start, stop))
 
     def _resolve(self, header: dict[str, Any]) -> tuple[list[torch.Tensor], list[int]]:
-        kind = CacheKind(header["kind"])
-        pages = [int(p) for p in header["src_pages"]]
-        start, stop = (int(x) for x in header["layers"])
-        self.exports.check(str(header["request_id"]), kind, pages)
-        return self.regions.layers(kind, start, stop), pages
+        return requested_layers(header, self.exports, self.regions)
 
     async def close(self) -> None:
         self._server.shutdown()
