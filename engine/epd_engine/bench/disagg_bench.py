@@ -71,6 +71,7 @@ class DisaggBenchConfig:
     ready_timeout_s: float = 300.0
     # Bounds one run (a request hung in the system is cut off and counted as an error).
     max_run_s: float = 120.0
+    kv_handoff: str = "early"  # or "after-prefill" (the engine's --kv-handoff)
 
     def __post_init__(self) -> None:
         if self.num_requests < 2:
@@ -280,7 +281,8 @@ def run_method(
     run_dir = config.run_dir / method.value.replace("+", "_")
     spec = LaunchSpec(
         name="bench", model_name=config.model_name, model_dir=config.model_dir,
-        plan=plan_for(method), router_port=free_port(), run_dir=run_dir, engine_args=ENGINE_ARGS,
+        plan=plan_for(method), router_port=free_port(), run_dir=run_dir,
+        engine_args=[*ENGINE_ARGS, "--kv-handoff", config.kv_handoff],
     )  # fmt: skip
     system = LocalSystem(spec)
     with contextlib.ExitStack() as stack:
@@ -297,6 +299,7 @@ def run_method(
         trace = router_trace(spec.router_url)[len(work.warmup.records) :]
         report: dict[str, Any] = {
             "method": method.value,
+            "kv_handoff": config.kv_handoff,
             "pools": {role.value: n for role, n in spec.plan.pools.items()},
             "loadavg_before": load_before,
             "loadavg_after": load_after,

@@ -121,7 +121,7 @@ def _bench_disagg(args: argparse.Namespace) -> int:
             model_name=args.model.name, methods=_methods(args.methods),
             num_requests=args.num_requests, max_concurrency=args.max_concurrency,
             max_tokens=args.max_tokens, seed=args.seed, router_hop=not args.no_router_hop,
-            max_run_s=args.max_run_time,
+            max_run_s=args.max_run_time, kv_handoff=args.kv_handoff,
         )  # fmt: skip
     except ValueError as exc:
         raise UserError(str(exc)) from exc
@@ -160,6 +160,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--max-run-time", type=float, default=120.0,
         help="seconds one run may take; requests still open then count as errors (default 120)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-handoff", choices=("early", "after-prefill"), default="early",
+        help="when KV is offered to the decode instance (the engines' --kv-handoff)",
     )  # fmt: skip
     parser.add_argument("--no-router-hop", action="store_true", help="skip the router-hop run")
     parser.add_argument("--run-dir", type=Path, help="process logs (default: a temp folder)")

@@ -25,7 +25,7 @@ OTHER_E = InstanceLoad(instance_id="e-1", url="http://e-1", role=Role.E, pool="e
 
 def manager(instances: list[InstanceLoad]) -> tuple[MigrationManager, Any]:
     link = SimpleNamespace(identity=ME, instances=instances, heartbeat_s=0.05)
-    engine = SimpleNamespace()
+    engine = SimpleNamespace(engine=SimpleNamespace())
     mm = MigrationManager(engine, link, backend=None, exports=None, http=None, token="t")  # type: ignore[arg-type]
     return mm, link
 
