@@ -17,11 +17,12 @@ from epd_engine.profiler.cost_model import FittedCostModel
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
+    ConditionState,
     ObservedPool,
     Planner,
     WorkloadStats,
     choose_plan,
-    heuristic_plan,
+    heuristic_planner,
     replan_due,
     same_plan,
 )
@@ -113,10 +114,12 @@ def _status(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
 def merge_conditions(
     old: list[Condition], new: dict[str, tuple[str, str, str]], generation: int, now: datetime
 ) -> list[Condition]:
-    """Conditions in fixed order; lastTransitionTime moves only when the status flips."""
-    before = {c.type: c for c in old}
+    """Conditions in fixed order (then any other type given, e.g. ``Planned``);
+    lastTransitionTime moves only when the status flips."""
+    before: dict[str, Condition] = {c.type: c for c in old}
     out = []
-    for ctype in ("Ready", "Progressing", "Degraded"):
+    fixed = ("Ready", "Progressing", "Degraded")
+    for ctype in (*fixed, *(t for t in new if t not in fixed)):
         status, reason, message = new[ctype]
         prev = before.get(ctype)
         since = prev.last_transition_time if prev and prev.status == status else _ts(now)
@@ -133,6 +136,20 @@ def merge_conditions(
             )
         )
     return out
+
+
+PLANNED = "Planned"  # Auto mode: how the last re-plan went (kept until the next one)
+
+
+def _planned_condition(
+    spec: EPDDeploymentSpec, old: list[Condition], note: ConditionState | None
+) -> tuple[str, str, str] | None:
+    if spec.disaggregation.mode == "Fixed":
+        return None
+    if note is not None:
+        return (note.status, note.reason, note.message)
+    prev = next((c for c in old if c.type == PLANNED), None)
+    return (prev.status, prev.reason, prev.message) if prev else None
 
 
 def invalid_spec_status(
@@ -199,7 +216,7 @@ def reconcile(
     since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
     planned_on = from_snapshot(status.planned_on) if status.planned_on else None
     stats: WorkloadStats | None = None
-    planner: Planner = heuristic_plan
+    planner: Planner = heuristic_planner
     if replan_due(spec, status.plan, since_plan):  # Auto only; the window is read only then
         trace = router.trace_window(spec.profiler.trace_window_seconds)
         if trace is not None:
@@ -213,7 +230,10 @@ def reconcile(
             timeout_s=plan_timeout_s,
             max_requests=plan_max_requests,
         )
-    plan, replanned = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner)
+    last_change = _parse_ts(status.last_plan_change)
+    since_change = (now - last_change).total_seconds() if last_change else float("inf")
+    choice = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner, since_change)
+    plan, replanned = choice.plan, choice.ran
     new_planned_on = status.planned_on
     plan_status = status.plan
     if replanned:
@@ -231,7 +251,7 @@ def reconcile(
             "PlanChanged",
             f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
         )
-        last_planned = now
+        last_planned = last_change = now
     # Render what the status records, so later passes (which read it back) render the same.
     plan = plan_status.to_plan()
 
@@ -260,12 +280,11 @@ def reconcile(
     ready = sum(
         1 for p in decision.pools if p.name in {d.name for d in desired} and p.ready >= p.desired
     )
-    conditions = merge_conditions(
-        status.conditions,
-        {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()},
-        generation,
-        now,
-    )
+    new_conditions = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
+    planned = _planned_condition(spec, status.conditions, choice.note)
+    if planned is not None:
+        new_conditions[PLANNED] = planned
+    conditions = merge_conditions(status.conditions, new_conditions, generation, now)
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,
@@ -275,6 +294,7 @@ def reconcile(
         ready_pools=f"{ready}/{len(desired)}",
         draining_since=_ts(outcome.state.draining_since) if outcome.state.draining_since else "",
         last_planned=_ts(last_planned) if last_planned else "",
+        last_plan_change=_ts(last_change) if last_change else "",
         planned_on=new_planned_on,
     )
     return new.model_dump(mode="json", by_alias=True)

@@ -226,6 +226,16 @@ class ProfilerSpec(_Model):
     min_requests: int = Field(
         default=200, ge=1, description="Fewest requests in the window to re-plan."
     )
+    switch_margin_percent: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description="A new plan replaces the current one only if its predicted goodput beats "
+        "the current plan's, re-simulated on the same window, by this much.",
+    )
+    cooldown_seconds: int = Field(
+        default=600, ge=0, description="Least time between two plan changes."
+    )
     cost_model: CostModelRef | None = Field(
         default=None,
         description="Measured cost model the plan search simulates with; unset: the built-in "
@@ -339,7 +349,7 @@ class EPDDeploymentSpec(_Model):
 
 
 class Condition(_Model):
-    type: Literal["Ready", "Progressing", "Degraded"]
+    type: Literal["Ready", "Progressing", "Degraded", "Planned"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$")
     message: str = ""
@@ -424,6 +434,9 @@ class EPDDeploymentStatus(_Model):
     ready_pools: str = Field(default="", description="Ready pools of the plan, e.g. `3/3`.")
     draining_since: str = Field(default="", description="RFC 3339 time the current drain started.")
     last_planned: str = Field(default="", description="RFC 3339 time of the last (re-)plan.")
+    last_plan_change: str = Field(
+        default="", description="RFC 3339 time the plan last changed (the cooldown counts from it)."
+    )
     planned_on: WorkloadSnapshot | None = Field(
         default=None, description="Workload of the last re-plan (Auto mode)."
     )

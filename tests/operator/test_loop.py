@@ -24,7 +24,7 @@ from epd_operator.loop import (
     workload_shift_percent,
 )
 from epd_operator.spec import EPDDeploymentSpec, PlanStatus
-from tests.operator.conftest import make_owner, make_spec_dict
+from tests.operator.conftest import make_owner, make_spec_dict, plan_and_ran
 
 OLD = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})
 NEW = Plan(method=Method.EP_D, pools={Role.EP: 2, Role.D: 2})
@@ -276,15 +276,15 @@ def test_unschedulable_pools_are_degraded_with_reason() -> None:
 
 def test_choose_plan_fixed_and_auto() -> None:
     fixed = EPDDeploymentSpec.model_validate(make_spec_dict())
-    assert choose_plan(fixed, None, None, None, 0)[0].describe() == "E+P+D 1E2P1D"
+    assert choose_plan(fixed, None, None, None, 0).plan.describe() == "E+P+D 1E2P1D"
     auto = EPDDeploymentSpec.model_validate(make_spec_dict(disaggregation={"mode": "Auto"}))
-    first, ran = choose_plan(auto, None, None, None, 0)
+    first, ran = plan_and_ran(choose_plan(auto, None, None, None, 0))
     assert ran
     assert first.num_instances <= 8
     current = PlanStatus.from_plan(first, 1)
     stats = WorkloadStats(500, 2.0, 100.0, 3.0, 50.0)
-    assert choose_plan(auto, current, stats, None, 10) == (first, False)  # too soon
-    replanned, _ = choose_plan(auto, current, stats, None, 10_000)
+    assert plan_and_ran(choose_plan(auto, current, stats, None, 10)) == (first, False)  # too soon
+    replanned, _ = plan_and_ran(choose_plan(auto, current, stats, None, 10_000))
     assert replanned.num_instances <= 8 and replanned.pools[Role.E] > first.pools[Role.E]
 
 
@@ -294,10 +294,10 @@ def test_auto_replans_when_slo_attainment_drops() -> None:
     before = WorkloadStats(500, 2.0, slo_attainment=0.95)
     ok = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.95)
     bad = WorkloadStats(500, 2.0, mean_images=4.0, slo_attainment=0.5)
-    same, ran = choose_plan(auto, current, ok, before, 10_000)
+    same, ran = plan_and_ran(choose_plan(auto, current, ok, before, 10_000))
     assert not ran
     assert same.describe() == current.to_plan().describe()  # no shift, SLOs met: keep
-    replanned, _ = choose_plan(auto, current, bad, before, 10_000)
+    replanned, _ = plan_and_ran(choose_plan(auto, current, bad, before, 10_000))
     assert replanned.pools[Role.E] > current.to_plan().pools[Role.E]
 
 
@@ -308,12 +308,14 @@ def test_auto_replans_at_once_when_the_gpu_budget_changes() -> None:
     )
     current = PlanStatus.from_plan(heuristic_plan(big, None), 1)
     assert current.to_plan().num_instances == 16
-    kept, ran = choose_plan(big, current, None, None, 0)
+    kept, ran = plan_and_ran(choose_plan(big, current, None, None, 0))
     assert not ran and kept.num_instances == 16
     small = big.model_copy(update={"gpu_budget": 4})
-    shrunk, ran = choose_plan(small, current, None, None, 0)  # interval not reached: still
+    shrunk, ran = plan_and_ran(
+        choose_plan(small, current, None, None, 0)
+    )  # interval not reached: still
     assert ran and shrunk.num_instances == 4
-    grown, ran = choose_plan(big, PlanStatus.from_plan(shrunk, 2), None, None, 0)
+    grown, ran = plan_and_ran(choose_plan(big, PlanStatus.from_plan(shrunk, 2), None, None, 0))
     assert ran and grown.num_instances == 16
 
 
