@@ -6,23 +6,24 @@ re-reads the cluster; nothing is remembered between passes except what is in ``s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
+from epd_engine.plan import Plan
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
-    Observed,
+    ConditionState,
+    ObservedPool,
     Planner,
     WorkloadStats,
     choose_plan,
-    heuristic_plan,
+    heuristic_planner,
     replan_due,
-    rollout_step,
     same_plan,
 )
 from epd_operator.planner import (
@@ -34,7 +35,10 @@ from epd_operator.planner import (
     workload_stats,
 )
 from epd_operator.prometheus import Prometheus
+from epd_operator.resources import PoolSpec
+from epd_operator.rollout_driver import RolloutState, rollout_pass
 from epd_operator.router_api import RouterAPI
+from epd_operator.router_fleet import RouterFleet
 from epd_operator.spec import (
     Condition,
     EPDDeploymentSpec,
@@ -46,8 +50,22 @@ from epd_operator.spec import (
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
 
-class RoutingNotApplied(RuntimeError):
-    """The router answered but refused the new routing: do not record the switch; retry."""
+class KubePools:
+    """The rollout's pools as Deployments (and their Services) of one EPDDeployment."""
+
+    def __init__(self, kube: Kube, owner: r.Owner, plan: Plan) -> None:
+        self.kube, self.owner, self.plan = kube, owner, plan
+
+    def observe_pools(self) -> dict[str, ObservedPool]:
+        o = self.owner
+        return self.kube.observe_pools(o.namespace, o.name, o.spec.gpu_resource_name)
+
+    def apply_pool(self, pool: PoolSpec) -> None:
+        self.kube.apply(r.render_pool_deployment(self.owner, pool, self.plan))
+        self.kube.apply(r.render_pool_service(self.owner, pool))
+
+    def delete_pool(self, name: str) -> None:
+        self.kube.delete_pool(self.owner.namespace, name)
 
 
 def _ts(t: datetime) -> str:
@@ -96,10 +114,12 @@ def _status(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
 def merge_conditions(
     old: list[Condition], new: dict[str, tuple[str, str, str]], generation: int, now: datetime
 ) -> list[Condition]:
-    """Conditions in fixed order; lastTransitionTime moves only when the status flips."""
-    before = {c.type: c for c in old}
+    """Conditions in fixed order (then any other type given, e.g. ``Planned``);
+    lastTransitionTime moves only when the status flips."""
+    before: dict[str, Condition] = {c.type: c for c in old}
     out = []
-    for ctype in ("Ready", "Progressing", "Degraded"):
+    fixed = ("Ready", "Progressing", "Degraded")
+    for ctype in (*fixed, *(t for t in new if t not in fixed)):
         status, reason, message = new[ctype]
         prev = before.get(ctype)
         since = prev.last_transition_time if prev and prev.status == status else _ts(now)
@@ -116,6 +136,20 @@ def merge_conditions(
             )
         )
     return out
+
+
+PLANNED = "Planned"  # Auto mode: how the last re-plan went (kept until the next one)
+
+
+def _planned_condition(
+    spec: EPDDeploymentSpec, old: list[Condition], note: ConditionState | None
+) -> tuple[str, str, str] | None:
+    if spec.disaggregation.mode == "Fixed":
+        return None
+    if note is not None:
+        return (note.status, note.reason, note.message)
+    prev = next((c for c in old if c.type == PLANNED), None)
+    return (prev.status, prev.reason, prev.message) if prev else None
 
 
 def invalid_spec_status(
@@ -158,6 +192,7 @@ def reconcile(
     router_timeout_s: float = 2.0,
     plan_timeout_s: float = PLAN_TIMEOUT_S,
     plan_max_requests: int = MAX_PLAN_REQUESTS,
+    router_urls: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Converge the children of one EPDDeployment; returns the new ``status`` (camelCase)."""
     now = datetime.now(UTC)
@@ -171,14 +206,17 @@ def reconcile(
     owner = r.Owner(name=name, namespace=namespace, uid=uid, spec=spec)
 
     token = kube.ensure_secret(lambda t: r.render_secret(owner, t), namespace, r.secret_name(owner))
-    router = RouterAPI(r.router_url(owner), token, router_timeout_s)
+    # the trace through the Service (any replica), or the first given address
+    router = RouterAPI(
+        router_urls[0] if router_urls else r.router_url(owner), token, router_timeout_s
+    )
 
     # which plan
     last_planned = _parse_ts(status.last_planned)
     since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
     planned_on = from_snapshot(status.planned_on) if status.planned_on else None
     stats: WorkloadStats | None = None
-    planner: Planner = heuristic_plan
+    planner: Planner = heuristic_planner
     if replan_due(spec, status.plan, since_plan):  # Auto only; the window is read only then
         trace = router.trace_window(spec.profiler.trace_window_seconds)
         if trace is not None:
@@ -192,7 +230,10 @@ def reconcile(
             timeout_s=plan_timeout_s,
             max_requests=plan_max_requests,
         )
-    plan, replanned = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner)
+    last_change = _parse_ts(status.last_plan_change)
+    since_change = (now - last_change).total_seconds() if last_change else float("inf")
+    choice = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner, since_change)
+    plan, replanned = choice.plan, choice.ran
     new_planned_on = status.planned_on
     plan_status = status.plan
     if replanned:
@@ -210,58 +251,50 @@ def reconcile(
             "PlanChanged",
             f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
         )
-        last_planned = now
+        last_planned = last_change = now
     # Render what the status records, so later passes (which read it back) render the same.
     plan = plan_status.to_plan()
 
-    # shared children
+    # shared children, then the rollout (the same driver as the local backend)
     desired = r.pool_specs(owner, plan)
-    observed = Observed(
-        pools=kube.observe_pools(namespace, name, spec.gpu_resource_name),
-        active_pools=frozenset(status.active_pools),
-        draining_since=_parse_ts(status.draining_since),
-        now=now,
-        in_flight=router.in_flight(),
+    addresses = list(router_urls) or kube.router_addresses(namespace, name, spec.router.port)
+    state = RolloutState(frozenset(status.active_pools), _parse_ts(status.draining_since))
+    outcome = rollout_pass(
+        KubePools(kube, owner, plan),
+        RouterFleet(addresses, token, router_timeout_s),
+        desired,
+        plan,
+        state,
+        now,
+        spec.gpu_budget,
+        spec.rollout.drain_timeout_seconds,
+        post_event,
         router_ready=kube.router_ready(namespace, r.router_name(owner)),
     )
-    decision = rollout_step(desired, observed, spec.gpu_budget, spec.rollout.drain_timeout_seconds)
-
-    # write: pools (new ones and drift of existing ones), routing, router, deletions
-    for pool in desired:
-        if pool.name in observed.pools or pool in decision.create:
-            kube.apply(r.render_pool_deployment(owner, pool, plan))
-            kube.apply(r.render_pool_service(owner, pool))
-    if decision.route_to != observed.active_pools:
-        serves_plan = decision.route_to == frozenset(p.name for p in desired)
-        applied = router.set_routing(sorted(decision.route_to), plan if serves_plan else None)
-        if not applied and observed.in_flight is not None:
-            raise RoutingNotApplied(f"router {router.base_url} did not accept the new routing")
-    kube.apply(r.render_configmap(owner, plan, sorted(decision.route_to)))
+    decision = outcome.status
+    # The router reads this at start: the routing every replica confirmed (None: all pools).
+    kube.apply(r.render_configmap(owner, plan, sorted(outcome.state.active_pools)))
     kube.apply(r.render_router_deployment(owner))
     kube.apply(r.render_router_service(owner))
-    for pool_name in decision.delete:
-        kube.delete_pool(namespace, pool_name)
-    for event in decision.events:
-        post_event(event.type, event.reason, event.message)
 
     ready = sum(
         1 for p in decision.pools if p.name in {d.name for d in desired} and p.ready >= p.desired
     )
-    conditions = merge_conditions(
-        status.conditions,
-        {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()},
-        generation,
-        now,
-    )
+    new_conditions = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
+    planned = _planned_condition(spec, status.conditions, choice.note)
+    if planned is not None:
+        new_conditions[PLANNED] = planned
+    conditions = merge_conditions(status.conditions, new_conditions, generation, now)
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,
         plan=plan_status,
         pools=decision.pools,
-        active_pools=sorted(decision.route_to),
+        active_pools=sorted(outcome.state.active_pools),
         ready_pools=f"{ready}/{len(desired)}",
-        draining_since=_ts(decision.draining_since) if decision.draining_since else "",
+        draining_since=_ts(outcome.state.draining_since) if outcome.state.draining_since else "",
         last_planned=_ts(last_planned) if last_planned else "",
+        last_plan_change=_ts(last_change) if last_change else "",
         planned_on=new_planned_on,
     )
     return new.model_dump(mode="json", by_alias=True)

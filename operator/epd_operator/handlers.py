@@ -14,7 +14,7 @@ import kopf
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from epd_operator.controller import RoutingNotApplied, reconcile
+from epd_operator.controller import reconcile
 from epd_operator.kube import Kube
 from epd_operator.settings import OperatorSettings
 from epd_operator.spec import GROUP, PLURAL, VERSION
@@ -79,9 +79,8 @@ def reconcile_timer(
             router_timeout_s=SETTINGS.router_timeout_s,
             plan_timeout_s=SETTINGS.plan_timeout_s,
             plan_max_requests=SETTINGS.plan_max_requests,
+            router_urls=SETTINGS.router_urls,
         )
     except ApiException as exc:
         raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
-    except RoutingNotApplied as exc:
-        raise kopf.TemporaryError(str(exc), delay=5) from exc
     patch.status.update(new_status)

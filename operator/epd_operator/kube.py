@@ -157,6 +157,20 @@ class Kube:
             raise
         return dep.status is not None and (dep.status.available_replicas or 0) >= 1
 
+    def router_addresses(self, namespace: str, owner_name: str, port: int) -> list[str]:
+        """``http://IP:port`` of every router pod that has an IP and is not terminating: each
+        replica is switched and read on its own (the Service reaches only one)."""
+        selector = f"{LABEL_DEPLOYMENT}={label_value(owner_name)},{LABEL_COMPONENT}=router"
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return sorted(
+            f"http://{pod.status.pod_ip}:{port}"
+            for pod in pods.items
+            if pod.status is not None
+            and pod.status.pod_ip
+            and pod.status.phase == "Running"
+            and (pod.metadata is None or pod.metadata.deletion_timestamp is None)
+        )
+
     # --- deletion ----------------------------------------------------------------------------
 
     def delete_pool(self, namespace: str, name: str) -> None:

@@ -1,36 +1,43 @@
 """Pure decisions: which plan to run, and the rollout/drain state machine.
 
-``rollout_step`` is level-triggered: it gets the desired pools and what the cluster and the
-router look like now, and returns what to do next. Called again and again it converges:
+``rollout_step`` is level-triggered and knows no backend: it gets the desired pools, the pools
+that exist and what every router replica answered this pass, and returns what to do next
+(the Kubernetes controller and the local backend both act on it). Called again and again it
+converges, and at every step every stage (encode, prefill, decode) has a Ready pool the
+routers send requests to:
 
-1. create the plan's missing pools (next to the old ones while the GPU budget allows);
-2. when every pool of the plan is Ready, switch the router to exactly those pools;
-3. old pools the router no longer uses are *draining*: delete each once the router reports
-   no request in flight on it, or once ``drainTimeoutSeconds`` passed if the router cannot be
-   asked (e.g. no container runs, as in the kwok test cluster) — and say so;
-4. if the old and the new pools together exceed the GPU budget, the old pools are drained
-   first to make room (serving capacity drops; Progressing says ``BudgetForcesCapacityDrop``).
-
-The router is never pointed at a pool that is not Ready, and old pools keep serving until
-the new ones are Ready, except in case 4.
+1. create the plan's missing pools next to the old ones, as far as the GPU budget allows;
+2. when every pool of the plan is Ready at full size, route to exactly those pools;
+3. when the budget cannot hold old and new pools together, go in steps: start what fits of
+   the new pools (a pool may start with fewer replicas and grow), route to them next to the
+   old ones as they become Ready, and take old pools out of routing only while the pools left
+   still serve every stage; when no such step exists, wait and say how many GPUs it needs;
+4. an old pool is deleted only once every router replica has confirmed (read back) that it no
+   longer routes to it, a settle time passed (instances learn the new peers from heartbeats)
+   and the same read reports no request in flight there; after ``drainTimeoutSeconds`` of a
+   confirmed drain it is deleted even with requests left, and a Warning says so. A router that
+   cannot be asked confirms nothing, so nothing is deleted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from epd_engine.config import Role
+from epd_engine.config import STAGE_ORDER, Role, Stage
 from epd_engine.plan import Plan
 from epd_operator.resources import PoolSpec
 from epd_operator.spec import EPDDeploymentSpec, PlanStatus, PoolStatus, fixed_plan
 
+ALL_STAGES = frozenset(STAGE_ORDER)
+SETTLE_S = 3.0  # after a confirmed switch: several heartbeats, so instances drop old peers
+
 
 @dataclass(frozen=True)
 class ObservedPool:
-    """One pool Deployment as the API server reports it."""
+    """One pool as the backend reports it (a Deployment, or local processes)."""
 
     name: str
     role: Role
@@ -41,13 +48,42 @@ class ObservedPool:
 
 
 @dataclass(frozen=True)
+class RouterView:
+    """Every router replica's ``GET /internal/pools``, read this pass.
+
+    ``routing``: per replica that answered, the pools it sends new requests to (None: every
+    registered pool, a router nobody switched yet). ``in_flight``: requests in flight per pool,
+    summed over the replicas that answered, read in the same answers as ``routing``.
+    """
+
+    addresses: tuple[str, ...] = ()
+    routing: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return [a for a in self.addresses if a not in self.routing]
+
+    @property
+    def confirmed(self) -> frozenset[str] | None:
+        """The routing every replica reported, if all answered and agree on an explicit set."""
+        if not self.addresses or self.unreachable:
+            return None
+        sets = set(self.routing.values())
+        if len(sets) != 1:
+            return None
+        only = next(iter(sets))
+        return only if only is not None else None
+
+
+@dataclass(frozen=True)
 class Observed:
     pools: dict[str, ObservedPool]
-    active_pools: frozenset[str]
+    router: RouterView
     draining_since: datetime | None
     now: datetime
-    in_flight: dict[str, int] | None = None  # router's per-pool in-flight; None: unreachable
-    router_ready: bool = True
+    recorded_active: frozenset[str] = frozenset()  # status.activePools: last confirmed routing
+    router_ready: bool = True  # the router Deployment (or process) is up
 
 
 @dataclass(frozen=True)
@@ -66,7 +102,8 @@ class Event:
 
 @dataclass
 class Decision:
-    create: list[PoolSpec] = field(default_factory=list)
+    scale: dict[str, PoolSpec] = field(default_factory=dict)  # pools to create or grow
+    replicas: dict[str, int] = field(default_factory=dict)  # every new pool's size this step
     route_to: frozenset[str] = frozenset()
     delete: list[str] = field(default_factory=list)
     draining_since: datetime | None = None
@@ -75,84 +112,152 @@ class Decision:
     events: list[Event] = field(default_factory=list)
 
     @property
-    def routing_changed(self) -> bool:
-        return bool(self.events) and any(e.reason == "Switched" for e in self.events)
+    def create(self) -> list[PoolSpec]:
+        return list(self.scale.values())
 
 
 def _names(names: set[str] | frozenset[str]) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
+def stages_served(
+    pools: set[str] | frozenset[str], observed: dict[str, ObservedPool]
+) -> set[Stage]:
+    """Stages that some Ready instance of ``pools`` runs."""
+    return {
+        stage
+        for name in pools
+        if name in observed and observed[name].ready >= 1
+        for stage in observed[name].role.stages
+    }
+
+
+def _missing(pools: frozenset[str], observed: dict[str, ObservedPool]) -> str:
+    return ", ".join(s.value for s in STAGE_ORDER if s not in stages_served(pools, observed))
+
+
+def _grow(
+    desired: list[PoolSpec], obs: Observed, room: int
+) -> tuple[dict[str, PoolSpec], dict[str, int]]:
+    """New pools to create or grow within ``room`` GPUs. One instance of every pool first (so
+    the new pools serve every stage as early as possible and old pools can go), pools that run
+    more stages first; then the rest. Returns the changes and every desired pool's size."""
+    order = sorted(desired, key=lambda p: -len(p.role.stages))
+    size = {
+        p.name: min(obs.pools[p.name].replicas, p.replicas) if p.name in obs.pools else 0
+        for p in desired
+    }
+    start = dict(size)
+    for first_instance_only in (True, False):
+        for pool in order:
+            want = 1 if first_instance_only else pool.replicas
+            per = pool.gpus_per_instance
+            add = max(0, want - size[pool.name])
+            if per:
+                add = min(add, room // per)
+            size[pool.name] += add
+            room -= add * per
+    scale = {
+        p.name: replace(p, replicas=size[p.name])
+        for p in desired
+        if size[p.name] > start[p.name] or (p.name not in obs.pools and size[p.name] > 0)
+    }
+    return scale, size
+
+
 def rollout_step(
-    desired: list[PoolSpec], obs: Observed, gpu_budget: int, drain_timeout_s: int
+    desired: list[PoolSpec],
+    obs: Observed,
+    gpu_budget: int,
+    drain_timeout_s: int,
+    settle_s: float = SETTLE_S,
 ) -> Decision:
     d = Decision()
-    wanted = {p.name for p in desired}
+    wanted = frozenset(p.name for p in desired)
     old = {n: p for n, p in obs.pools.items() if n not in wanted}
-    active = frozenset(n for n in obs.active_pools if n in obs.pools)
-    ready = {
-        p.name for p in desired if p.name in obs.pools and obs.pools[p.name].ready >= p.replicas
+    confirmed = obs.router.confirmed
+    current = frozenset(
+        n for n in (confirmed if confirmed is not None else obs.recorded_active) if n in obs.pools
+    )
+    full = {
+        p.name
+        for p in desired
+        if p.name in obs.pools
+        and obs.pools[p.name].replicas >= p.replicas
+        and obs.pools[p.name].ready >= p.replicas
     }
-    all_ready = ready == wanted
     gpus_in_use = sum(p.gpus for p in obs.pools.values())
-    surge_gpus = sum(p.gpus for p in desired if p.name not in obs.pools)
-    budget_forces = bool(old) and gpus_in_use + surge_gpus > gpu_budget
+    held_by_new = sum(
+        min(obs.pools[p.name].replicas, p.replicas) * p.gpus_per_instance
+        for p in desired
+        if p.name in obs.pools
+    )
+    growth = sum(p.gpus for p in desired) - held_by_new
+    constrained = bool(old) and growth > gpu_budget - gpus_in_use
 
-    # 1. create missing pools within the budget
-    room = gpu_budget - gpus_in_use
-    for pool in desired:
-        if pool.name not in obs.pools and pool.gpus <= room:
-            d.create.append(pool)
-            room -= pool.gpus
+    # 1. create or grow new pools within the budget
+    d.scale, sizes = _grow(desired, obs, gpu_budget - gpus_in_use)
+    d.replicas = {name: n for name, n in sizes.items() if n > 0}
 
-    # 2. switch routing once every pool of the plan is Ready
-    if all_ready:
-        d.route_to = frozenset(wanted)
-    elif budget_forces:
-        d.route_to = active - set(old)
+    # 2. the routing target: the whole plan once complete; else the old pools (blue/green), or
+    #    in steps when the budget forces it; never a set that leaves a stage unserved
+    released: set[str] = set()
+    if full == wanted:
+        target = wanted
+    elif not constrained:
+        target = current
     else:
-        d.route_to = active
-    if d.route_to != active and all_ready:
+        serving_new = {p.name for p in desired if p.name in obs.pools and obs.pools[p.name].ready}
+        target = current | serving_new
+        need = growth - (gpu_budget - gpus_in_use)
+        need -= sum(p.gpus for n, p in old.items() if n not in current)  # already draining
+        for name in sorted(set(old) & target, key=lambda n: (-old[n].gpus, n)):
+            if need <= 0:
+                break
+            if stages_served(target - {name}, obs.pools) == ALL_STAGES:
+                target -= {name}
+                released.add(name)
+                need -= old[name].gpus
+    if stages_served(target, obs.pools) != ALL_STAGES:
+        target = current  # e.g. the first rollout before its pools are Ready
+    d.route_to = frozenset(target)
+    if released:
         d.events.append(
             Event(
                 "Normal",
-                "Switched",
-                f"Router now sends requests to {_names(d.route_to)} (was {_names(active)})",
+                "SteppedRollout",
+                f"GPU budget {gpu_budget} cannot hold the old and the new pools together: "
+                f"taking {_names(released)} out of routing, {_names(target)} still serve "
+                "every stage",
             )
         )
-    if budget_forces and active & set(old):
-        d.events.append(
-            Event(
-                "Warning",
-                "CapacityDrop",
-                f"GPU budget {gpu_budget} cannot hold old and new pools together "
-                f"({gpus_in_use + surge_gpus} GPUs); draining {_names(set(old))} first",
-            )
-        )
+    starting = any(
+        p.name in obs.pools and obs.pools[p.name].ready < obs.pools[p.name].replicas
+        for p in desired
+    )
+    blocked = constrained and not d.scale and not released and not starting and set(old) <= target
 
-    # 3. drain and delete old pools that no longer get traffic
+    # 3. drain and delete old pools no router replica sends requests to any more
     draining = {n for n in old if n not in d.route_to}
     d.draining_since = (obs.draining_since or obs.now) if draining else None
     waited_s = (obs.now - d.draining_since).total_seconds() if d.draining_since else 0.0
-    router_known = obs.in_flight is not None
     for name in sorted(draining):
-        if router_known and obs.in_flight is not None and obs.in_flight.get(name, 0) == 0:
+        if confirmed is None or name in confirmed or waited_s < settle_s:
+            continue  # the switch away from it is not confirmed (long enough) yet
+        left = obs.router.in_flight.get(name, 0)
+        if left == 0:
             d.delete.append(name)
             d.events.append(
                 Event("Normal", "Drained", f"Pool {name} has no request in flight; deleting it")
             )
         elif waited_s >= drain_timeout_s:
             d.delete.append(name)
-            why = (
-                "router unreachable, so in-flight requests could not be checked"
-                if not router_known
-                else "requests still in flight"
-            )
             d.events.append(
                 Event(
-                    "Warning" if router_known else "Normal",
+                    "Warning",
                     "DrainTimeout",
-                    f"Deleting pool {name} after the {drain_timeout_s} s drain timeout ({why})",
+                    f"Deleting pool {name} after the {drain_timeout_s} s drain timeout with "
+                    f"{left} request(s) still in flight",
                 )
             )
 
@@ -185,20 +290,41 @@ def rollout_step(
             )
         )
     d.conditions = _conditions(
-        desired, obs, d, ready, draining, budget_forces, waited_s, drain_timeout_s
+        desired,
+        obs,
+        d,
+        _Progress(
+            full=full,
+            draining=draining,
+            constrained=constrained,
+            blocked=blocked,
+            gpus_in_use=gpus_in_use,
+            gpu_budget=gpu_budget,
+            first_instances_gpus=sum(
+                p.gpus_per_instance for p in desired if not obs.pools.get(p.name)
+            ),
+            waited_s=waited_s,
+            drain_timeout_s=drain_timeout_s,
+        ),
     )
     return d
 
 
+@dataclass(frozen=True)
+class _Progress:
+    full: set[str]
+    draining: set[str]
+    constrained: bool
+    blocked: bool
+    gpus_in_use: int
+    gpu_budget: int
+    first_instances_gpus: int  # one instance of each new pool that has none
+    waited_s: float
+    drain_timeout_s: int
+
+
 def _conditions(
-    desired: list[PoolSpec],
-    obs: Observed,
-    d: Decision,
-    ready: set[str],
-    draining: set[str],
-    budget_forces: bool,
-    waited_s: float,
-    drain_timeout_s: int,
+    desired: list[PoolSpec], obs: Observed, d: Decision, pr: _Progress
 ) -> dict[str, ConditionState]:
     wanted = {p.name for p in desired}
     stuck = [
@@ -217,47 +343,89 @@ def _conditions(
     else:
         degraded = ConditionState("False", "AsExpected", "All pools can be scheduled")
 
-    serving = bool(d.route_to) and all(
-        n in obs.pools and obs.pools[n].ready >= 1 for n in d.route_to
+    router = obs.router
+    confirmed = router.confirmed
+    answered = {a: r for a, r in router.routing.items() if r is not None}
+    serving = bool(answered) and all(
+        stages_served(r, obs.pools) == ALL_STAGES for r in answered.values()
     )
     if not obs.router_ready:
         ready_c = ConditionState(
             "False", "RouterNotReady", "The router Deployment is not available"
         )
-    elif d.route_to == wanted and ready == wanted:
+    elif not router.routing:
+        ready_c = ConditionState(
+            "False",
+            "RouterUnreachable",
+            f"No router replica answered ({_names(set(router.addresses))}): serving cannot be "
+            "confirmed",
+        )
+    elif confirmed == wanted and pr.full == wanted:
         ready_c = ConditionState("True", "AllPoolsReady", f"Serving with {len(wanted)} Ready pools")
     elif serving:
         ready_c = ConditionState(
-            "True", "ServingPreviousPlan", "The previous plan serves while the new one rolls out"
+            "True",
+            "ServingDuringRollout",
+            "Every router replica routes to Ready pools serving every stage while the plan "
+            "rolls out",
         )
     else:
-        missing = wanted - ready
+        gaps = "; ".join(
+            f"{a}: routes to {_names(r)}, no Ready pool for {_missing(r, obs.pools)}"
+            for a, r in sorted(answered.items())
+            if stages_served(r, obs.pools) != ALL_STAGES
+        )
         ready_c = ConditionState(
-            "False", "PoolsNotReady", f"Pools not Ready yet: {_names(missing)}"
+            "False", "PoolsNotReady", gaps or f"Pools not Ready yet: {_names(wanted - pr.full)}"
         )
 
-    if budget_forces and (draining or wanted - ready):
+    if pr.blocked:
         progressing = ConditionState(
             "True",
-            "BudgetForcesCapacityDrop",
-            "The GPU budget cannot hold the old and the new pools at once: serving capacity "
-            f"drops while {_names(draining) if draining else 'the old pools'} drain and the "
-            "new pools start",
+            "BudgetBlocksRollout",
+            f"GPU budget {pr.gpu_budget} is used by the serving pools ({pr.gpus_in_use} GPUs) and "
+            "no old pool can leave routing without leaving a stage unserved: the rollout waits. "
+            f"With gpuBudget {pr.gpus_in_use + pr.first_instances_gpus} (one instance of each "
+            "new pool next to the old ones) it can proceed",
         )
-    elif wanted - ready:
+    elif router.unreachable and (d.route_to != confirmed or pr.draining):
+        progressing = ConditionState(
+            "True",
+            "RouterUnreachable",
+            f"Router replica(s) {_names(set(router.unreachable))} did not answer: routing "
+            "cannot be confirmed, so no old pool is deleted yet",
+        )
+    elif d.route_to != (confirmed or frozenset()) and (d.route_to or confirmed):
+        disagree = {a for a, r in router.routing.items() if r != d.route_to}
+        progressing = ConditionState(
+            "True",
+            "SwitchingRouting",
+            f"Routing to {_names(d.route_to)} not yet confirmed by router replica(s) "
+            f"{_names(disagree)}",
+        )
+    elif pr.constrained and wanted - pr.full:
+        progressing = ConditionState(
+            "True",
+            "SteppedRollout",
+            f"GPU budget {pr.gpu_budget} cannot hold the old and the new pools together: going "
+            "pool by pool, every stage keeps a Ready pool in routing; waiting for "
+            f"{_names(wanted - pr.full)}",
+        )
+    elif wanted - pr.full:
         progressing = ConditionState(
             "True",
             "WaitingForPools",
-            f"Waiting for new pools to be Ready: {_names(wanted - ready)}",
+            f"Waiting for new pools to be Ready: {_names(wanted - pr.full)}",
         )
-    elif draining:
-        how = (
-            "until the router reports no request in flight"
-            if obs.in_flight is not None
-            else f"router unreachable: waiting the {drain_timeout_s} s drain timeout "
-            f"({int(waited_s)} s so far)"
+    elif pr.draining:
+        left = {n: router.in_flight.get(n, 0) for n in sorted(pr.draining)}
+        how = ", ".join(f"{n}: {k} in flight" for n, k in left.items())
+        progressing = ConditionState(
+            "True",
+            "Draining",
+            f"Draining {_names(pr.draining)} until the routers report no request in flight "
+            f"({how}; {int(pr.waited_s)} s of at most {pr.drain_timeout_s} s)",
         )
-        progressing = ConditionState("True", "Draining", f"Draining {_names(draining)} {how}")
     else:
         progressing = ConditionState("False", "RolloutComplete", "All pools match the plan")
     return {"Ready": ready_c, "Progressing": progressing, "Degraded": degraded}
@@ -278,10 +446,31 @@ class WorkloadStats:
     slo_attainment: float | None = None  # share of requests meeting both SLOs
 
 
-# Makes a plan from the spec and the live workload. ``heuristic_plan`` is one; the operator
-# passes ``planner.auto_planner(...)``, which also holds the trace window and the cost model
-# and runs the trace-replay profiler when the window has enough requests.
-Planner = Callable[[EPDDeploymentSpec, WorkloadStats | None], Plan]
+class PlanningError(RuntimeError):
+    """The planner produced no plan (no trace, no feasible plan, time limit, crash); says why."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A planner's best plan, and the current plan's goodput re-simulated on the same window
+    (None when not simulated, e.g. the heuristic)."""
+
+    plan: Plan
+    current_goodput_rps: float | None = None
+
+
+# Makes a plan from the spec, the live workload and the current plan (None: the first plan);
+# raises PlanningError when it cannot. ``heuristic_planner`` is one; the operator passes
+# ``planner.auto_planner(...)``, which holds the trace window and the cost model and runs the
+# trace-replay profiler, re-simulating the current plan on the same window.
+Planner = Callable[[EPDDeploymentSpec, WorkloadStats | None, Plan | None], Proposal]
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    plan: Plan
+    ran: bool  # the planner ran (the controller records when)
+    note: ConditionState | None = None  # the ``Planned`` condition, when there is news
 
 
 def instances_allowed(spec: EPDDeploymentSpec) -> int:
@@ -303,6 +492,8 @@ def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: st
 
     n = instances_allowed(spec)
     note = f" ({why})" if why else ""
+    if stats is not None and stats.num_requests > 0 and stats.mean_images == 0:
+        return _text_only_plan(n, stats, note)
     if n <= 1:
         return Plan(
             method=Method.EPD, pools={Role.EPD: 1}, reason="budget fits one instance" + note
@@ -326,6 +517,26 @@ def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: st
     else:
         reason = "heuristic split of the GPU budget (no trace yet" + (f": {why})" if why else ")")
     return Plan(method=Method.E_P_D, pools=counts, reason=reason)
+
+
+def _text_only_plan(n: int, stats: WorkloadStats, note: str) -> Plan:
+    """No image in the window: no encode pool. EP+D split by prompt vs output work (EP runs
+    prefill; it would run encode only if images came back)."""
+    from epd_engine.config import Method
+
+    why = f"text-only traffic: no encode pool{note}"
+    if n <= 1:
+        return Plan(method=Method.EPD, pools={Role.EPD: 1}, reason=why)
+    prompt = stats.mean_prompt_tokens if stats.mean_prompt_tokens is not None else 512.0
+    output = stats.mean_output_tokens if stats.mean_output_tokens is not None else 256.0
+    ep = min(n - 1, max(1, round(n * prompt / (prompt + 2 * output))))
+    return Plan(method=Method.EP_D, pools={Role.EP: ep, Role.D: n - ep}, reason=why)
+
+
+def heuristic_planner(
+    spec: EPDDeploymentSpec, stats: WorkloadStats | None, current: Plan | None
+) -> Proposal:
+    return Proposal(heuristic_plan(spec, stats))
 
 
 def workload_shift_percent(before: WorkloadStats, now: WorkloadStats) -> float:
@@ -361,18 +572,26 @@ def choose_plan(
     stats: WorkloadStats | None,
     planned_on: WorkloadStats | None,
     seconds_since_plan: float,
-    planner: Planner = heuristic_plan,
-) -> tuple[Plan, bool]:
+    planner: Planner = heuristic_planner,
+    seconds_since_change: float = float("inf"),
+) -> PlanChoice:
     """The plan to run now. Fixed: the spec's. Auto: ``planner`` makes the first plan and a
-    new one when the GPU budget changed; otherwise keep the current plan unless the interval
+    new one when the GPU budget changed. Otherwise the planner runs only when the interval
     passed, the window has enough requests, and the workload shifted enough or the live SLO
-    attainment fell below the target. Returns (plan, whether the planner ran)."""
+    attainment fell below the target; and its plan replaces the current one only if the
+    cooldown since the last change passed and it beats the current plan (re-simulated on the
+    same window) by ``switchMarginPercent``. A failed search keeps the current plan."""
     if spec.disaggregation.mode == "Fixed":
-        return fixed_plan(spec), False
+        return PlanChoice(fixed_plan(spec), False)
     if current is None or budget_changed(spec, current):
-        return planner(spec, stats), True  # first plan, or the GPU budget changed
+        try:
+            plan = planner(spec, stats, None).plan
+        except PlanningError as exc:
+            plan = heuristic_plan(spec, stats, f"planner gave no plan: {exc}")
+        return PlanChoice(plan, True, ConditionState("True", "Planned", plan.reason))
     prof = spec.profiler
-    if (
+    now_plan = current.to_plan()
+    due = (
         stats is not None
         and seconds_since_plan >= prof.interval_seconds
         and stats.num_requests >= prof.min_requests
@@ -384,9 +603,53 @@ def choose_plan(
                 and stats.slo_attainment * 100 < spec.slo.attainment_percent
             )
         )
-    ):
-        return planner(spec, stats), True
-    return current.to_plan(), False
+    )
+    if not due:
+        return PlanChoice(now_plan, False)
+    if seconds_since_change < prof.cooldown_seconds:
+        wait_s = prof.cooldown_seconds - seconds_since_change
+        return PlanChoice(
+            now_plan,
+            False,
+            ConditionState(
+                "True", "Cooldown", f"Re-plan due; the plan changed recently ({int(wait_s)} s left)"
+            ),
+        )
+    try:
+        proposal = planner(spec, stats, now_plan)
+    except PlanningError as exc:
+        return PlanChoice(
+            now_plan,
+            True,
+            ConditionState(
+                "False", "SearchFailed", f"Kept {now_plan.describe()}: the re-plan failed: {exc}"
+            ),
+        )
+    best = proposal.plan
+    if same_plan(best, now_plan):
+        return PlanChoice(best, True, ConditionState("True", "PlanConfirmed", best.reason))
+    gain = _gain_note(best, proposal.current_goodput_rps, now_plan, prof.switch_margin_percent)
+    if gain is not None:
+        return PlanChoice(now_plan, True, ConditionState("True", "KeptCurrentPlan", gain))
+    return PlanChoice(best, True, ConditionState("True", "Replanned", best.reason))
+
+
+def _gain_note(
+    best: Plan, current_rps: float | None, current: Plan, margin_percent: int
+) -> str | None:
+    """Why ``best`` does not beat ``current`` by the margin; None when it does (or when no
+    goodput of both is known, e.g. heuristic plans, whose choice is deterministic)."""
+    if best.predicted is None or current_rps is None:
+        return None
+    need = current_rps * (1 + margin_percent / 100)
+    got = best.predicted.goodput_rps
+    if got > need:
+        return None
+    return (
+        f"Best plan {best.describe()} predicts {got:.3g} rps goodput; the current "
+        f"{current.describe()} re-simulated on the same window {current_rps:.3g} rps: not "
+        f"{margin_percent}% better, kept"
+    )
 
 
 def same_plan(a: Plan, b: Plan) -> bool:

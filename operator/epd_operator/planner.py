@@ -20,13 +20,22 @@ from multiprocessing.connection import Connection
 
 from tqdm import tqdm
 
-from epd_engine.config import SLO
+from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
+from epd_engine.profiler.candidates import ALL_METHODS, Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import search_plans, to_plan
 from epd_engine.trace import TraceRecord, sort_by_arrival
-from epd_operator.loop import Planner, WorkloadStats, heuristic_plan, instances_allowed
+from epd_operator.loop import (
+    Planner,
+    PlanningError,
+    Proposal,
+    WorkloadStats,
+    heuristic_plan,
+    instances_allowed,
+)
 from epd_operator.spec import EPDDeploymentSpec
 
 MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
@@ -35,10 +44,6 @@ REFERENCE_LABEL = "built-in synthetic reference (LLaVA-1.5-7B fp16, H800-class G
 
 # () -> (cost model, how to name it in the plan's reason); ValueError when it cannot be read.
 CostSource = Callable[[], tuple[FittedCostModel, str]]
-
-
-class PlanningError(RuntimeError):
-    """The profiler produced no plan (no feasible plan, time limit, crash); says why."""
 
 
 def reference_cost() -> tuple[FittedCostModel, str]:
@@ -110,13 +115,36 @@ def profiler_plan(
     max_requests: int = MAX_PLAN_REQUESTS,
     num_in_window: int | None = None,
 ) -> Plan:
-    """The highest-goodput plan for the trace, by exhaustive simulated search.
+    """The highest-goodput plan for the trace, by exhaustive simulated search (see
+    ``profiler_proposal``)."""
+    return profiler_proposal(spec, records, cost, cost_label, max_requests, num_in_window).plan
 
-    Candidates: every method and ratio for ``instances_allowed(spec)`` instances, at the
-    spec's TTFT/TPOT SLOs. The plan carries ``predicted`` (goodput, p90 TTFT/TPOT at it) and
-    its trace provenance; batch budgets are left out (each engine measures its own at
-    start-up). ``num_in_window``: how many requests ``records`` was sampled from, if it was.
-    Raises PlanningError when no candidate meets the SLOs at any rate.
+
+def methods_for(records: Sequence[TraceRecord]) -> list[Method]:
+    """Every method, except those with an encode-only pool when no request has an image."""
+    if any(r.num_images for r in records):
+        return list(ALL_METHODS)
+    return [m for m in ALL_METHODS if Role.E not in m.roles]
+
+
+def profiler_proposal(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    max_requests: int = MAX_PLAN_REQUESTS,
+    num_in_window: int | None = None,
+    current: Plan | None = None,
+) -> Proposal:
+    """The highest-goodput plan for the trace, by exhaustive simulated search, and the
+    ``current`` plan's goodput simulated on the same sample (to compare them fairly).
+
+    Candidates: every method and ratio for ``instances_allowed(spec)`` instances (no
+    encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. The plan carries
+    ``predicted`` (goodput, p90 TTFT/TPOT at it) and its trace provenance; batch budgets are
+    left out (each engine measures its own at start-up). ``num_in_window``: how many requests
+    ``records`` was sampled from, if it was. Raises PlanningError when no candidate meets the
+    SLOs at any rate.
     """
     if not records:
         raise PlanningError("the trace window is empty")
@@ -125,9 +153,11 @@ def profiler_plan(
     cost = cost.for_backend(spec.engine.transfer_backend, same_host=False)
     slo = spec.slo.to_slo()
     num_instances = instances_allowed(spec)
+    methods = methods_for(sample)
     evaluator, result, _ = search_plans(
-        sample, cost, slo, num_instances, with_heuristic=False, show_progress=False
-    )
+        sample, cost, slo, num_instances, methods=methods, with_heuristic=False,
+        show_progress=False,
+    )  # fmt: skip
     at = f"TTFT<={slo.ttft_s:g}s, TPOT<={slo.tpot_s:g}s"
     if result.best is None:
         raise PlanningError(
@@ -138,14 +168,31 @@ def profiler_plan(
     on = f"{len(sample)} requests"
     if len(sample) < total:
         on = f"{len(sample)} of {total} requests (evenly sampled)"
+    if len(methods) < len(ALL_METHODS):
+        on += ", text only"
     label = cost_label or str(cost.meta.get("source", "unnamed"))
     link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
     reason = (
         f"profiler: best of {result.num_candidates} plans on {on} at {at} "
         f"({result.num_pruned} pruned by bound); cost model: {label}{link}"
     )
-    plan = to_plan(evaluator, result.best, reason)
-    return plan.model_copy(update={"budgets": {}})
+    plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
+    current_rps = None
+    if current is not None and current.num_instances == num_instances:
+        current_rps = simulated_goodput(evaluator, current)
+    return Proposal(plan, current_rps)
+
+
+def simulated_goodput(evaluator: Evaluator, plan: Plan) -> float:
+    """``plan``'s goodput on the evaluator's trace (0 when it meets the SLOs at no rate)."""
+    candidate = Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles))
+    bound = evaluator.bound(candidate)
+    if bound <= 0:
+        return 0.0
+    finite = bound != float("inf")
+    start = max(1e-3, bound / 2) if finite else 1.0
+    found = evaluator.searched(candidate, bound if finite else 1e6, start)
+    return found.goodput_rps or 0.0
 
 
 def _plan_in_child(
@@ -155,13 +202,16 @@ def _plan_in_child(
     cost: FittedCostModel,
     cost_label: str,
     num_in_window: int,
+    current: Plan | None,
 ) -> None:
     # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
     # report as leaked when this process ends; the search is single-threaded here.
     tqdm.set_lock(threading.RLock())
     try:
-        plan = profiler_plan(spec, records, cost, cost_label, len(records), num_in_window)
-        conn.send((True, plan.model_dump_json()))
+        got = profiler_proposal(
+            spec, records, cost, cost_label, len(records), num_in_window, current
+        )
+        conn.send((True, (got.plan.model_dump_json(), got.current_goodput_rps)))
     except PlanningError as exc:
         conn.send((False, str(exc)))
     except Exception as exc:  # a bug: reported, and the parent falls back to the heuristic
@@ -177,8 +227,9 @@ def bounded_profiler_plan(
     cost_label: str = "",
     timeout_s: float = PLAN_TIMEOUT_S,
     max_requests: int = MAX_PLAN_REQUESTS,
-) -> Plan:
-    """``profiler_plan`` in a child process (spawned: the operator's threads are not forked),
+    current: Plan | None = None,
+) -> Proposal:
+    """``profiler_proposal`` in a child process (spawned: the operator's threads are not forked),
     killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
     re-imports the main module, so a script calling this needs ``if __name__ == "__main__"``
     (``kopf run`` and pytest have it)."""
@@ -189,7 +240,7 @@ def bounded_profiler_plan(
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_plan_in_child,
-        args=(send, spec, sample, cost, cost_label, len(records)),
+        args=(send, spec, sample, cost, cost_label, len(records), current),
         name="epd-plan-search",
         daemon=True,
     )
@@ -211,7 +262,8 @@ def bounded_profiler_plan(
         receive.close()
     if not ok:
         raise PlanningError(payload)
-    return Plan.model_validate_json(payload)
+    plan_json, current_rps = payload
+    return Proposal(Plan.model_validate_json(plan_json), current_rps)
 
 
 def auto_planner(
@@ -225,22 +277,31 @@ def auto_planner(
     """The planner ``choose_plan`` calls in Auto mode, for this pass's trace window
     (``records``; None when the trace could not be read, ``no_trace_why`` says why).
 
-    At least ``profiler.minRequests`` records: the bounded profiler. Otherwise, or when the
-    cost model cannot be read or the search fails: ``heuristic_plan``, its reason saying why.
+    At least ``profiler.minRequests`` records: the bounded profiler, which also re-simulates
+    the current plan. Otherwise, or when the cost model cannot be read or the search fails:
+    the first plan is the heuristic's (its reason says why); a later re-plan raises
+    PlanningError, so the current plan stays (no flapping between profiler and heuristic).
     """
 
-    def plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> Plan:
+    def plan(
+        spec: EPDDeploymentSpec, stats: WorkloadStats | None, current: Plan | None
+    ) -> Proposal:
+        def cannot(why: str) -> Proposal:
+            if current is not None:
+                raise PlanningError(why)
+            return Proposal(heuristic_plan(spec, stats, why))
+
         if records is None:
-            return heuristic_plan(spec, stats, no_trace_why)
+            return cannot(no_trace_why)
         need = spec.profiler.min_requests
         if len(records) < need:
-            return heuristic_plan(
-                spec, stats, f"{len(records)} requests in the trace window, profiler needs {need}"
-            )
+            return cannot(f"{len(records)} requests in the trace window, profiler needs {need}")
         try:
             cost, label = cost_source()
-            return bounded_profiler_plan(spec, records, cost, label, timeout_s, max_requests)
+            return bounded_profiler_plan(
+                spec, records, cost, label, timeout_s, max_requests, current
+            )
         except (PlanningError, ValueError) as exc:
-            return heuristic_plan(spec, stats, f"profiler gave no plan: {exc}")
+            return cannot(f"profiler gave no plan: {exc}")
 
     return plan

@@ -32,6 +32,15 @@ class TraceWindow:
     span_s: float
 
 
+@dataclass(frozen=True)
+class PoolsState:
+    """One router's ``GET /internal/pools``: its routing (None: every registered pool) and
+    requests in flight per pool."""
+
+    routing: frozenset[str] | None
+    in_flight: dict[str, int]
+
+
 class RouterAPI:
     def __init__(self, base_url: str, token: str, timeout_s: float = 2.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -40,12 +49,22 @@ class RouterAPI:
 
     def in_flight(self) -> dict[str, int] | None:
         """Requests in flight per pool, or None when the router cannot be asked."""
+        state = self.pools_state()
+        return None if state is None else state.in_flight
+
+    def pools_state(self) -> PoolsState | None:
+        """The pools this router sends new requests to and its in-flight count per pool, from
+        one answer (so the count is read after the routing it reports); None when the router
+        cannot be asked."""
         try:
             resp = httpx.get(
                 f"{self.base_url}/internal/pools", headers=self.headers, timeout=self.timeout_s
             )
             resp.raise_for_status()
-            return parse_in_flight(resp.json())
+            payload = resp.json()
+            active = payload.get("active_pools") if isinstance(payload, dict) else None
+            routing = None if active is None else frozenset(str(n) for n in active)
+            return PoolsState(routing, parse_in_flight(payload))
         except (httpx.HTTPError, ValueError):
             return None
 

@@ -12,6 +12,9 @@ class OperatorSettings:
     router_timeout_s: float = 2.0  # internal API calls to the router
     plan_timeout_s: float = 60.0  # Auto: the plan search is killed after this (heuristic then)
     plan_max_requests: int = 1000  # Auto: larger trace windows are sampled down to this
+    # The router replicas' addresses, when the operator cannot reach pod IPs (it runs outside
+    # the cluster, or a test gives it a router on loopback); empty: the router pods' IPs.
+    router_urls: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -21,4 +24,7 @@ class OperatorSettings:
             router_timeout_s=float(env.get("EPD_OPERATOR_ROUTER_TIMEOUT_S", cls.router_timeout_s)),
             plan_timeout_s=float(env.get("EPD_OPERATOR_PLAN_TIMEOUT_S", cls.plan_timeout_s)),
             plan_max_requests=int(env.get("EPD_OPERATOR_PLAN_MAX_REQUESTS", cls.plan_max_requests)),
+            router_urls=tuple(
+                u.strip() for u in env.get("EPD_OPERATOR_ROUTER_URLS", "").split(",") if u.strip()
+            ),
         )

@@ -10,10 +10,17 @@ no phase). Rules that the OpenAPI schema cannot express are CEL rules
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from epd_engine.config import SLO, Method, Role
@@ -226,6 +233,16 @@ class ProfilerSpec(_Model):
     min_requests: int = Field(
         default=200, ge=1, description="Fewest requests in the window to re-plan."
     )
+    switch_margin_percent: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description="A new plan replaces the current one only if its predicted goodput beats "
+        "the current plan's, re-simulated on the same window, by this much.",
+    )
+    cooldown_seconds: int = Field(
+        default=600, ge=0, description="Least time between two plan changes."
+    )
     cost_model: CostModelRef | None = Field(
         default=None,
         description="Measured cost model the plan search simulates with; unset: the built-in "
@@ -243,20 +260,38 @@ class Toleration(_Model):
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
 
+# A Kubernetes resource quantity (apimachinery's resource.Quantity grammar: a decimal number
+# and an optional binary or decimal suffix or exponent), so "8Gb" is rejected at admission.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+MAX_RESOURCE_NAMES = 16
+MAX_LIST_ITEMS = 64
+
+
 class Resources(_Model):
     """Container resources as Kubernetes quantity strings (e.g. ``cpu: "8"``, ``memory: 64Gi``)."""
 
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
 
 
 _OBJ: Any = {"default": {}}
+# The engine drives one device per instance (no tensor/pipeline parallelism yet).
+MAX_GPUS_PER_INSTANCE = 1
+# Every router replica is called one by one on each drain (in-flight read, routing switch),
+# so a pass grows with the count; 8 keeps a pass within a few timeouts.
+MAX_ROUTER_REPLICAS = 8
 
 
 class EngineSpec(_Model):
     image: str = Field(default="epd-engine:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    gpus_per_instance: int = Field(default=1, ge=0, le=16, description="0 runs the engine on CPU.")
+    gpus_per_instance: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_GPUS_PER_INSTANCE,
+        description="0 runs the engine on CPU; the engine uses one device (no tensor parallelism).",
+    )
     kv_block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV page.")
     num_kv_blocks: int = Field(default=512, ge=1)
     num_image_blocks: int = Field(
@@ -268,13 +303,18 @@ class EngineSpec(_Model):
         "else tcp), tcp, shm, collective; cuda_ipc and nccl are reserved for the GPU build.",
     )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    extra_args: list[str] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=MAX_LIST_ITEMS)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    extra_args: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
 
 
 class RouterSpec(_Model):
-    replicas: int = Field(default=1, ge=1, le=64)
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ROUTER_REPLICAS,
+        description="Router pods; the operator switches and reads each one on every drain.",
+    )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     port: int = Field(default=8080, ge=1, le=65535)
     image: str | None = Field(default=None, description="Defaults to the engine image.")
@@ -339,7 +379,7 @@ class EPDDeploymentSpec(_Model):
 
 
 class Condition(_Model):
-    type: Literal["Ready", "Progressing", "Degraded"]
+    type: Literal["Ready", "Progressing", "Degraded", "Planned"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$")
     message: str = ""
@@ -424,6 +464,9 @@ class EPDDeploymentStatus(_Model):
     ready_pools: str = Field(default="", description="Ready pools of the plan, e.g. `3/3`.")
     draining_since: str = Field(default="", description="RFC 3339 time the current drain started.")
     last_planned: str = Field(default="", description="RFC 3339 time of the last (re-)plan.")
+    last_plan_change: str = Field(
+        default="", description="RFC 3339 time the plan last changed (the cooldown counts from it)."
+    )
     planned_on: WorkloadSnapshot | None = Field(
         default=None, description="Workload of the last re-plan (Auto mode)."
     )

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from epd_engine.plan import Plan
+from epd_operator.loop import PlanChoice
 from epd_operator.resources import Owner
 from epd_operator.spec import EPDDeploymentSpec
 
@@ -28,3 +30,7 @@ def make_owner(**overrides: Any) -> Owner:
 @pytest.fixture
 def owner() -> Owner:
     return make_owner()
+
+
+def plan_and_ran(choice: PlanChoice) -> tuple[Plan, bool]:
+    return choice.plan, choice.ran

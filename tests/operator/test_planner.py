@@ -28,7 +28,7 @@ from epd_operator.planner import (
     workload_stats,
 )
 from epd_operator.spec import EPDDeploymentSpec, PlanStatus
-from tests.operator.conftest import make_spec_dict
+from tests.operator.conftest import make_spec_dict, plan_and_ran
 
 # Four small (336x336, 576-token) images per request, short text and answers.
 IMAGE_HEAVY = random_mm(input_len=50, output_len=32, base_items_per_request=4,
@@ -132,7 +132,7 @@ def test_bounded_search_gives_the_same_plan_or_stops_at_its_time_limit() -> None
     records = trace("textvqa", 200)
     cost = reference_cost_model()
     inline = profiler_plan(spec, records, cost, "ref")
-    bounded = bounded_profiler_plan(spec, records, cost, "ref", timeout_s=120)
+    bounded = bounded_profiler_plan(spec, records, cost, "ref", timeout_s=120).plan
     assert bounded == inline
     with pytest.raises(PlanningError, match=r"longer than 0\.01 s"):
         bounded_profiler_plan(spec, records, cost, "ref", timeout_s=0.01)
@@ -179,7 +179,9 @@ def test_choose_plan_runs_the_profiler_when_the_window_has_enough_requests() -> 
     spec = auto_spec(gpuBudget=4, profiler={"minRequests": 100})
     records = trace("textvqa", 200)
     stats = workload_stats(records, 900.0)
-    plan, ran = choose_plan(spec, None, stats, None, 0, auto_planner(records, timeout_s=120))
+    plan, ran = plan_and_ran(
+        choose_plan(spec, None, stats, None, 0, auto_planner(records, timeout_s=120))
+    )
     assert ran and plan.reason.startswith("profiler: best of")
     assert plan.predicted is not None and plan.predicted.goodput_rps > 0
     assert plan.num_instances == 4
@@ -187,13 +189,15 @@ def test_choose_plan_runs_the_profiler_when_the_window_has_enough_requests() -> 
     # a later pass: interval passed, the workload shifted (now image-heavy) -> profiler again
     current = PlanStatus.from_plan(plan, 1)
     heavy = trace(IMAGE_HEAVY, 200)
-    replanned, ran = choose_plan(
-        spec,
-        current,
-        workload_stats(heavy, 900.0),
-        stats,
-        10_000,
-        auto_planner(heavy, timeout_s=120),
+    replanned, ran = plan_and_ran(
+        choose_plan(
+            spec,
+            current,
+            workload_stats(heavy, 900.0),
+            stats,
+            10_000,
+            auto_planner(heavy, timeout_s=120),
+        )
     )
     assert ran and replanned.reason.startswith("profiler:")
     assert replanned.trace is not None and plan.trace is not None
@@ -203,14 +207,16 @@ def test_choose_plan_runs_the_profiler_when_the_window_has_enough_requests() -> 
 def test_choose_plan_falls_back_to_the_heuristic_and_says_why() -> None:
     spec = auto_spec(gpuBudget=4, profiler={"minRequests": 100})
     few = trace("textvqa", 40)
-    plan, ran = choose_plan(spec, None, workload_stats(few, 900.0), None, 0, auto_planner(few))
+    plan, ran = plan_and_ran(
+        choose_plan(spec, None, workload_stats(few, 900.0), None, 0, auto_planner(few))
+    )
     assert ran and plan.predicted is None
     assert plan.reason == (
         "heuristic split of the GPU budget on 40 requests "
         "(40 requests in the trace window, profiler needs 100)"
     )
 
-    unreachable, _ = choose_plan(spec, None, None, None, 0, auto_planner(None))
+    unreachable, _ = plan_and_ran(choose_plan(spec, None, None, None, 0, auto_planner(None)))
     assert unreachable.reason == (
         "heuristic split of the GPU budget (no trace yet: router trace unavailable)"
     )
@@ -221,7 +227,9 @@ def test_choose_plan_falls_back_to_the_heuristic_and_says_why() -> None:
 
     records = trace("textvqa", 150)
     stats = workload_stats(records, 900.0)
-    fallback, _ = choose_plan(spec, None, stats, None, 0, auto_planner(records, broken_cost_model))
+    fallback, _ = plan_and_ran(
+        choose_plan(spec, None, stats, None, 0, auto_planner(records, broken_cost_model))
+    )
     assert fallback.reason.endswith("(profiler gave no plan: ConfigMap serving/costs not found)")
     assert fallback.pools == heuristic_plan(spec, stats).pools
 
@@ -231,5 +239,5 @@ def test_auto_planner_keeps_the_plan_until_a_replan_is_due() -> None:
     current = PlanStatus.from_plan(heuristic_plan(spec, None), 1)
     records = trace("textvqa", 150)
     stats = WorkloadStats(150, 1.0)
-    kept, ran = choose_plan(spec, current, stats, None, 10, auto_planner(records))
+    kept, ran = plan_and_ran(choose_plan(spec, current, stats, None, 10, auto_planner(records)))
     assert not ran and kept == current.to_plan()

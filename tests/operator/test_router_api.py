@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -71,33 +72,64 @@ def router_with_trace_url(tmp_path: Path) -> Iterator[str]:
     yield from _router(tmp_path, {"model": "llava", "trace_dir": str(tmp_path / "trace")})
 
 
-def _router(tmp_path: Path, settings: dict[str, object]) -> Iterator[str]:
+@contextmanager
+def start_router(
+    tmp_path: Path, settings: dict[str, object] | None = None, port: int | None = None
+) -> Iterator[str]:
+    """A real ``epdctl router`` process on loopback; yields its URL."""
+    with start_routers(tmp_path, 1, settings, [port] if port else None) as urls:
+        yield urls[0]
+
+
+@contextmanager
+def start_routers(
+    tmp_path: Path,
+    count: int,
+    settings: dict[str, object] | None = None,
+    ports: list[int] | None = None,
+) -> Iterator[list[str]]:
+    """``count`` real router processes, started together (each takes seconds to import)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "router.json"
-    config.write_text(json.dumps(settings))
-    port = _free_port()
+    config.write_text(json.dumps(settings or {"model": "llava"}))
     env = {**os.environ, "EPD_INTERNAL_TOKEN": TOKEN}
     main = "import sys; from epd_engine.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", main, "router", "--config", str(config),
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    procs, urls = [], []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                pytest.fail(f"router exited: {out[-2000:]}")
-        else:
-            pytest.fail("router did not come up in 60 s")
-        yield url
+        for port in ports or [_free_port() for _ in range(count)]:
+            cmd = [sys.executable, "-c", main, "router", "--config", str(config), "--host",
+                   "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+            procs.append(
+                subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        for proc, url in zip(procs, urls, strict=True):
+            _wait_live(proc, url)
+        yield urls
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _wait_live(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            pytest.fail(f"router exited: {out[-2000:]}")
+    pytest.fail(f"router did not come up in {timeout_s:g} s")
+
+
+def _router(tmp_path: Path, settings: dict[str, object]) -> Iterator[str]:
+    with start_routers(tmp_path, 1, settings) as urls:
+        yield urls[0]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from epd_engine.config import Method, Role
 from epd_operator.spec import EPDDeployment, EPDDeploymentSpec, ManifestError, fixed_plan
@@ -84,3 +85,38 @@ def test_yaml_without_epddeployment(tmp_path: Path) -> None:
     path.write_text("kind: ConfigMap\n")
     with pytest.raises(ManifestError, match="no document with kind: EPDDeployment"):
         EPDDeployment.from_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "words"),
+    [
+        ({"engine": {"gpusPerInstance": 2}}, "spec.engine.gpusPerInstance",
+         "less than or equal to 1"),
+        ({"router": {"replicas": 9}}, "spec.router.replicas", "less than or equal to 8"),
+        ({"engine": {"resources": {"limits": {"memory": "8Gb"}}}},
+         "spec.engine.resources.limits.memory", "should match pattern"),
+        ({"router": {"resources": {"requests": {"cpu": "lots"}}}},
+         "spec.router.resources.requests.cpu", "should match pattern"),
+        ({"engine": {"extraArgs": ["--x"] * 65}}, "spec.engine.extraArgs", "at most 64"),
+    ],
+    ids=["gpus-per-instance", "router-replicas", "memory-quantity", "cpu-quantity", "extra-args"],
+)  # fmt: skip
+def test_spec_bounds_match_what_the_engine_and_operator_support(
+    overrides: dict, field: str, words: str
+) -> None:
+    """Defect: the CRD accepted gpusPerInstance up to 16 (the engine uses one device), router
+    replicas up to 64, and any string as a resource quantity (a 422 from the API server later)."""
+    with pytest.raises(ValidationError) as err:
+        EPDDeploymentSpec.model_validate(make_spec_dict(**overrides))
+    first = err.value.errors()[0]
+    where = "spec." + ".".join(str(p) for p in first["loc"])
+    assert where == field, err.value
+    assert words in first["msg"], first["msg"]
+
+
+@pytest.mark.parametrize("quantity", ["8", "500m", "64Gi", "1.5", "1e3", "100M", ".5"])
+def test_valid_quantities_are_accepted(quantity: str) -> None:
+    spec = EPDDeploymentSpec.model_validate(
+        make_spec_dict(engine={"resources": {"limits": {"memory": quantity}}})
+    )
+    assert spec.engine.resources.limits["memory"] == quantity

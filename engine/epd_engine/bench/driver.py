@@ -3,8 +3,10 @@
 Open loop: each request is sent at its trace arrival time (bounded by ``max_concurrency``),
 streamed with the real ``openai`` client, and measured client-side: TTFT (send → first content
 chunk), every inter-token gap, end-to-end latency. Output lengths are fixed with ``max_tokens``
-plus ``ignore_eos`` (HydraInfer records lengths once and replays them this way). Errors are
-recorded per request, never raised; requests cut off by ``max_duration_s`` count as errors.
+plus ``min_tokens`` and ``ignore_eos`` (HydraInfer records lengths once and replays them this
+way); prompts have the record's exact token count when a tokenizer is given (``prompts``).
+Errors are recorded per request, never raised; requests cut off by ``max_duration_s`` or left
+in flight after ``duration_s + grace_s`` count as errors. Closed-loop runs: ``closed_loop``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 from epd_engine.bench.arrivals import at_rate
 from epd_engine.bench.metrics import RequestResult
-from epd_engine.bench.payloads import chat_messages
+from epd_engine.bench.payloads import Payload, chat_payload
+from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.trace import TraceRecord, sort_by_arrival
 
 # Non-standard chunk field a server may use to report per-stage seconds (encode, prefill, ...).
@@ -40,10 +43,20 @@ class DriverConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     label: str = ""
+    prompts: TokenExactPrompts | None = None  # exact prompt lengths (else words, approximate)
+    block_tokens: int = 512  # tokens per ``hash_ids`` block
+    exact_output: bool = True  # send min_tokens = max_tokens
+    duration_s: float | None = None  # stop sending after this long, then wait ``grace_s``
+    grace_s: float = 30.0
+    warmup_requests: int = 0  # sent first, not measured
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+        if self.grace_s < 0 or self.warmup_requests < 0:
+            raise ValueError("grace period and warm-up requests must be >= 0")
         if self.image_format not in ("jpeg", "png"):
             raise ValueError(f"image_format must be jpeg or png, got {self.image_format!r}")
 
@@ -53,15 +66,24 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-async def _send(
+def _request_body(config: DriverConfig, record: TraceRecord) -> dict[str, Any]:
+    """Fields beyond the standard ones: exact output lengths (vLLM's extensions)."""
+    body: dict[str, Any] = {"ignore_eos": config.ignore_eos}
+    if config.exact_output:
+        body["min_tokens"] = record.output_tokens
+    return {**body, **config.extra_body}
+
+
+async def send_one(
     client: Any,
     config: DriverConfig,
     record: TraceRecord,
-    messages: list[dict[str, Any]],
+    payload: Payload,
     scheduled: float,
     limit: asyncio.Semaphore,
     t0: float,
 ) -> RequestResult:
+    """Send one request at ``scheduled`` (perf_counter) once ``limit`` allows; measure it."""
     await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
     async with limit:
         sent = time.perf_counter()
@@ -74,11 +96,11 @@ async def _send(
         try:
             stream = await client.chat.completions.create(
                 model=config.model,
-                messages=messages,
+                messages=payload.messages,
                 max_tokens=record.output_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
-                extra_body={"ignore_eos": config.ignore_eos, **config.extra_body},
+                extra_body=_request_body(config, record),
             )
             async for chunk in stream:
                 now = time.perf_counter()
@@ -110,6 +132,7 @@ async def _send(
         e2e_s=end - sent,
         num_output_tokens=usage_tokens if usage_tokens is not None else len(token_times),
         server_prompt_tokens=server_prompt_tokens,
+        expected_prompt_tokens=payload.expected_prompt_tokens,
         error=error,
         send_delay_s=max(0.0, sent - scheduled),
         stage_s=stage_s,
@@ -117,7 +140,7 @@ async def _send(
     )
 
 
-def _make_client(config: DriverConfig) -> Any:
+def make_client(config: DriverConfig) -> Any:
     import openai
 
     # No retries: a retried request would report the sum of both attempts as its latency.
@@ -130,7 +153,7 @@ def _make_client(config: DriverConfig) -> Any:
     )
 
 
-async def _warm_up(client: Any) -> None:
+async def warm_up(client: Any) -> None:
     """Pay the client's one-off costs (lazy imports, chunk parsers, first connection) before
     the clock starts; otherwise the first requests' TTFT carries ~0.3 s of client overhead.
     Best effort: servers without ``/models`` still get benchmarked."""
@@ -145,18 +168,52 @@ async def _warm_up(client: Any) -> None:
         await client.models.list()
 
 
-Messages = list[list[dict[str, Any]]]
+Messages = list[Payload]
 
 
 def prepare_messages(
-    records: Sequence[TraceRecord], image_format: str = "jpeg", progress: bool = False
+    records: Sequence[TraceRecord],
+    image_format: str = "jpeg",
+    progress: bool = False,
+    prompts: TokenExactPrompts | None = None,
+    block_tokens: int = 512,
 ) -> Messages:
-    """Chat messages per record (input order): prompt text and encoded images (~25 ms per
+    """Payloads per record (input order): prompt text and encoded images (~25 ms per
     1296×968 image), built once so a rate sweep does not re-encode them."""
     from tqdm import tqdm
 
     items = tqdm(records, desc="payloads", unit="req", disable=not progress, leave=False)
-    return [chat_messages(r, i, image_format) for i, r in enumerate(items)]
+    return [chat_payload(r, i, image_format, prompts, block_tokens) for i, r in enumerate(items)]
+
+
+def payloads_for(records: Sequence[TraceRecord], config: DriverConfig) -> Messages:
+    return prepare_messages(
+        records, config.image_format, config.progress, config.prompts, config.block_tokens
+    )
+
+
+def with_ids(records: Sequence[TraceRecord]) -> list[TraceRecord]:
+    """Every result needs an id to be matched back to its record (recorded traces may lack
+    one)."""
+    return [
+        r if r.request_id else r.model_copy(update={"request_id": f"req-{i:06d}"})
+        for i, r in enumerate(records)
+    ]
+
+
+async def send_warm_up(
+    client: Any, config: DriverConfig, records: Sequence[TraceRecord], messages: Messages
+) -> None:
+    """``config.warmup_requests`` requests (the trace's first ones, cycled) before the clock
+    starts: they fill caches and pools; their results are dropped."""
+    if not config.warmup_requests or not records:
+        return
+    limit = asyncio.Semaphore(config.max_concurrency)
+    now = time.perf_counter()
+    picks = [i % len(records) for i in range(config.warmup_requests)]
+    await asyncio.gather(
+        *(send_one(client, config, records[i], messages[i], now, limit, now) for i in picks)
+    )
 
 
 async def run_trace(
@@ -170,33 +227,37 @@ async def run_trace(
     from tqdm import tqdm
 
     if messages is None:
-        messages = prepare_messages(records, config.image_format, config.progress)
+        messages = payloads_for(records, config)
     if len(messages) != len(records):
         raise ValueError(f"{len(messages)} messages for {len(records)} records")
-    # Every result needs an id to be matched back to its record (recorded traces may lack one).
-    records = [
-        r if r.request_id else r.model_copy(update={"request_id": f"req-{i:06d}"})
-        for i, r in enumerate(records)
-    ]
+    records = with_ids(records)
+    start = min((r.arrival_s for r in records), default=0.0)
+    if config.duration_s is not None:  # arrivals after the duration are not part of the run
+        kept = [i for i, r in enumerate(records) if r.arrival_s - start <= config.duration_s]
+        records, messages = [records[i] for i in kept], [messages[i] for i in kept]
     order = sorted(range(len(records)), key=lambda i: records[i].arrival_s)
-    start = records[order[0]].arrival_s if records else 0.0
-    client = _make_client(config)
+    client = make_client(config)
     limit = asyncio.Semaphore(config.max_concurrency)
-    await _warm_up(client)
+    await warm_up(client)
+    await send_warm_up(client, config, records, messages)
+    timeout = config.max_duration_s
+    if config.duration_s is not None:
+        grace_end = config.duration_s + config.grace_s
+        timeout = grace_end if timeout is None else min(timeout, grace_end)
     desc = f"bench {config.label}".strip()
     with tqdm(total=len(records), desc=desc, unit="req", disable=not config.progress) as bar:
         t0 = time.perf_counter()
         tasks = {
             i: asyncio.create_task(
-                _send(client, config, records[i], messages[i],
-                      t0 + records[i].arrival_s - start, limit, t0)
+                send_one(client, config, records[i], messages[i],
+                         t0 + records[i].arrival_s - start, limit, t0)
             )
             for i in order
         }  # fmt: skip
         for task in tasks.values():
             task.add_done_callback(lambda _t: bar.update(1))
         try:
-            await asyncio.wait(tasks.values(), timeout=config.max_duration_s)
+            await asyncio.wait(tasks.values(), timeout=timeout)
         finally:
             for task in tasks.values():
                 task.cancel()  # unfinished: recorded as cut off by the time limit
@@ -234,7 +295,7 @@ def rate_runner(
     """``run(rate_rps)`` for ``goodput.find_goodput``/``sweep``: the trace replayed at that rate.
     Results come back in arrival order (``at_rate`` sorts)."""
     ordered = sort_by_arrival(records)
-    messages = prepare_messages(ordered, config.image_format, config.progress)
+    messages = payloads_for(ordered, config)
 
     def run(rate_rps: float) -> list[RequestResult]:
         return replay(at_rate(ordered, rate_rps), config, messages)

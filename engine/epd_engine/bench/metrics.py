@@ -33,6 +33,7 @@ class RequestResult:
     e2e_s: float | None = None
     num_output_tokens: int = 0  # received (server usage, else streamed chunks)
     server_prompt_tokens: int | None = None  # the server's count: template + text + images
+    expected_prompt_tokens: int | None = None  # what the payload was built for (tokenizer)
     error: str | None = None
     send_delay_s: float = 0.0  # client-side lag behind the scheduled arrival
     stage_s: Mapping[str, float] | None = None  # per-stage seconds, when the server reports them
@@ -41,6 +42,13 @@ class RequestResult:
     @property
     def ok(self) -> bool:
         return self.error is None and self.ttft_s is not None
+
+    @property
+    def prompt_mismatch(self) -> int | None:
+        """Server-counted minus intended prompt tokens (None when either is unknown)."""
+        if self.expected_prompt_tokens is None or self.server_prompt_tokens is None:
+            return None
+        return self.server_prompt_tokens - self.expected_prompt_tokens
 
     @property
     def tpot_p90_s(self) -> float:
@@ -113,6 +121,9 @@ class BenchSummary:
     errors: dict[str, int] = field(default_factory=dict)  # first words of the error -> count
     max_send_delay_s: float = 0.0
     num_short_outputs: int = 0  # ok requests that got fewer tokens than asked (EOS not ignored?)
+    num_output_mismatches: int = 0  # ok requests whose usage differs from the asked length
+    num_prompt_mismatches: int = 0  # ok requests whose usage.prompt_tokens differs from intent
+    mean_prompt_mismatch: float = 0.0  # mean (server - intended) over the mismatching ones
     stage_mean_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +153,7 @@ def summarize(
     for r in results:
         if r.error is not None:
             errors[_error_kind(r.error)] = errors.get(_error_kind(r.error), 0) + 1
+    prompt_deltas = [d for r in ok if (d := r.prompt_mismatch)]
     stage_totals: dict[str, list[float]] = {}
     for r in ok:
         for stage, seconds in (r.stage_s or {}).items():
@@ -167,5 +179,8 @@ def summarize(
         errors=errors,
         max_send_delay_s=max((r.send_delay_s for r in results), default=0.0),
         num_short_outputs=sum(r.num_output_tokens < r.output_tokens for r in ok),
+        num_output_mismatches=sum(r.num_output_tokens != r.output_tokens for r in ok),
+        num_prompt_mismatches=len(prompt_deltas),
+        mean_prompt_mismatch=float(np.mean(prompt_deltas)) if prompt_deltas else 0.0,
         stage_mean_s={k: float(np.mean(v)) for k, v in sorted(stage_totals.items())},
     )

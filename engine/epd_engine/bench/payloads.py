@@ -11,10 +11,14 @@ import base64
 import hashlib
 import io
 import random
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epd_engine.trace import ImageRef, TraceRecord
+
+if TYPE_CHECKING:
+    from epd_engine.bench.token_prompts import TokenExactPrompts
 
 # Short common words: about one token each (with their leading space) in BPE tokenizers, so
 # N words ≈ N text tokens. The server's usage.prompt_tokens reports the exact count.
@@ -68,14 +72,46 @@ def image_data_url(image: ImageRef, fmt: str = "jpeg") -> str:
     return f"data:image/{fmt};base64,{data}"
 
 
-def chat_messages(record: TraceRecord, index: int, fmt: str = "jpeg") -> list[dict[str, Any]]:
-    """OpenAI chat messages for one record: text-only as a plain string (widest compatibility)."""
-    text = prompt_text(record.prompt_tokens, record.request_id or str(index))
+@dataclass(frozen=True)
+class Payload:
+    """One request's chat messages and the ``usage.prompt_tokens`` the server should report
+    (None when no tokenizer was given: lengths are then approximate, in words)."""
+
+    messages: list[dict[str, Any]]
+    expected_prompt_tokens: int | None = None
+
+
+def chat_payload(
+    record: TraceRecord,
+    index: int,
+    fmt: str = "jpeg",
+    prompts: TokenExactPrompts | None = None,
+    block_tokens: int = 512,
+) -> Payload:
+    """OpenAI chat messages for one record: text-only as a plain string (widest compatibility).
+
+    With ``prompts`` the text has exactly the record's token count (see ``token_prompts``);
+    the expected usage then adds the record's image tokens.
+    """
+    seed = record.request_id or str(index)
+    expected = None
+    if prompts is None:
+        text = prompt_text(record.prompt_tokens, seed)
+    else:
+        text = prompts.text(
+            record.prompt_tokens, seed, record.num_images, record.hash_ids or (), block_tokens
+        )
+        expected = prompts.server_count(text, record.num_images) + record.image_tokens
     if record.text_only:
-        return [{"role": "user", "content": text}]
+        return Payload([{"role": "user", "content": text}], expected)
     parts: list[dict[str, Any]] = [
         {"type": "image_url", "image_url": {"url": image_data_url(image, fmt)}}
         for image in record.images
     ]
     parts.append({"type": "text", "text": text})
-    return [{"role": "user", "content": parts}]
+    return Payload([{"role": "user", "content": parts}], expected)
+
+
+def chat_messages(record: TraceRecord, index: int, fmt: str = "jpeg") -> list[dict[str, Any]]:
+    """Chat messages of ``chat_payload`` without a tokenizer (approximate lengths)."""
+    return chat_payload(record, index, fmt).messages

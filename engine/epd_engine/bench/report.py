@@ -6,14 +6,17 @@ Shape (version 1)::
      "trace": {summarize_trace...}, "slo": {ttft_s, tpot_s, attainment}, "mode",
      "points": [{rate_rps, attainment, passed, summary}], "goodput_rps", "lowest_failing_rps",
      "summary": {...main run...}, "requests": [{...RequestResult...}],
-     "requests_by_rate": {"<rate>": [{...RequestResult...}]}}   (sweep / goodput modes)
+     "requests_by_rate": {"<rate>": [{...RequestResult...}]},   (sweep / goodput modes)
+     "concurrency_points": [{concurrency, summary}],            (concurrency mode)
+     "workload": {how prompt and output lengths were built},
+     "server_metrics": {"before", "after", "delta"}}             (the server's /metrics)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,21 @@ def write_report(report: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def export_requests(
+    path: str | Path, runs: Mapping[Any, Sequence[RequestResult]], key: str = "rate_rps"
+) -> Path:
+    """Every request's result as one JSON line; ``key`` names the run (rate or concurrency)
+    each line belongs to (left out for a single run)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for run, results in runs.items():
+            for result in results:
+                line = result.to_dict() if run is None else {key: run, **result.to_dict()}
+                out.write(json.dumps(line) + "\n")
     return path
 
 

@@ -23,6 +23,35 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _concurrencies(text: str) -> list[int]:
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError as exc:
+        raise UserError(f"--concurrency expects comma-separated integers, got {text!r}") from exc
+    if not levels or levels[0] < 1:
+        raise UserError(f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def _prompt_builder(args: argparse.Namespace, model: str) -> Any:
+    """The tokenizer-backed prompt builder, or None (word prompts, approximate) with a note."""
+    from epd_engine.bench.token_prompts import PromptLengthError, TokenExactPrompts
+
+    source = args.tokenizer or model
+    if source == "none" or not Path(source).is_dir():
+        why = "--tokenizer none" if source == "none" else f"no tokenizer directory {source!r}"
+        print(f"note: {why}: prompt lengths are approximate (words, not tokens); "
+              "pass --tokenizer MODEL_DIR for exact lengths")  # fmt: skip
+        return None
+    try:
+        prompts = TokenExactPrompts.from_model_dir(source, args.prompt_count)
+    except (OSError, ValueError, PromptLengthError) as exc:
+        raise UserError(f"--tokenizer {source}: {exc}") from exc
+    counted = "chat template included" if args.prompt_count == "template" else "content only"
+    print(f"prompts: exact token counts with the {source} tokenizer ({counted})")
+    return prompts
+
+
 def _discover_model(endpoint: str, api_key: str) -> str:
     """The first model the endpoint serves (``GET /models``), or a clear error."""
     import httpx
@@ -76,12 +105,32 @@ def _print_summary(summary: Any, label: str) -> None:
         print(f"  SLO attainment {summary.attainment:.1%}")
     if summary.errors:
         print(f"  errors: {json.dumps(summary.errors)}")
-    if summary.num_short_outputs:
-        print(f"  warning: {summary.num_short_outputs} requests got fewer tokens than max_tokens "
-              "(does the server honour ignore_eos?)")  # fmt: skip
+    if summary.num_output_mismatches:
+        print(f"  warning: {summary.num_output_mismatches} requests got another number of tokens "
+              "than asked (does the server honour min_tokens / ignore_eos?)")  # fmt: skip
+    if summary.num_prompt_mismatches:
+        print(f"  warning: {summary.num_prompt_mismatches} requests' usage.prompt_tokens differ "
+              f"from the intended count by {summary.mean_prompt_mismatch:+.1f} on average "
+              "(another tokenizer, or image tokens of another model family?)")  # fmt: skip
     if summary.max_send_delay_s > 0.05:
         print(f"  warning: the client lagged up to {summary.max_send_delay_s:.2f} s behind the "
               "trace (raise --max-concurrency, or the machine is overloaded)")  # fmt: skip
+
+
+def _workload_settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """How prompts and outputs were built, so a report states what its lengths mean."""
+    prompts = config.prompts
+    return {
+        "prompt_tokens": "exact" if prompts else "approximate (words)",
+        "prompt_count": prompts.mode if prompts else None,
+        "tokenizer": (args.tokenizer or config.model) if prompts else None,
+        "output_tokens": "max_tokens + min_tokens + ignore_eos"
+        if config.exact_output
+        else "max_tokens only",
+        "warmup_requests": config.warmup_requests,
+        "duration_s": config.duration_s,
+        "grace_s": config.grace_s if config.duration_s is not None else None,
+    }
 
 
 def _stage_means(report: dict[str, Any]) -> dict[str, float]:
@@ -122,10 +171,12 @@ def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]],
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from epd_engine.bench.driver import DriverConfig, rate_runner, replay
+    from epd_engine.bench.closed_loop import closed_loop
+    from epd_engine.bench.driver import DriverConfig, payloads_for, rate_runner, replay
     from epd_engine.bench.goodput import find_goodput, sweep
     from epd_engine.bench.metrics import summarize
-    from epd_engine.bench.report import build_report, load_report, write_report
+    from epd_engine.bench.report import build_report, export_requests, load_report, write_report
+    from epd_engine.bench.server_metrics import metrics_report, scrape
     from epd_engine.config import SLO
     from epd_engine.trace import mean_rate_rps, summarize_trace, write_trace
 
@@ -142,6 +193,8 @@ def _bench(args: argparse.Namespace) -> int:
         _plots(args.plots, {}, compare, slo)
         return 0
 
+    if args.concurrency and (args.sweep or args.goodput):
+        raise UserError("--concurrency is a closed loop; it does not combine with rate searches")
     records = _records(args)
     model = args.model or _discover_model(args.endpoint, args.api_key)
     label = args.label or model
@@ -150,14 +203,27 @@ def _bench(args: argparse.Namespace) -> int:
             endpoint=args.endpoint, model=model, api_key=args.api_key,
             max_concurrency=args.max_concurrency, max_duration_s=args.max_duration,
             request_timeout_s=args.timeout, ignore_eos=not args.no_ignore_eos,
-            progress=not args.no_progress, label=label,
+            exact_output=not args.no_ignore_eos, progress=not args.no_progress, label=label,
+            prompts=_prompt_builder(args, model), block_tokens=args.block_size,
+            duration_s=args.duration, grace_s=args.grace_period,
+            warmup_requests=args.warmup,
         )  # fmt: skip
     except ValueError as exc:
         raise UserError(str(exc)) from exc
 
+    metrics_before = scrape(args.endpoint, args.api_key) if not args.no_server_metrics else None
     by_rate: dict[float, list[Any]] = {}
+    by_concurrency: dict[int, list[Any]] = {}
     search = None
-    if args.sweep or args.goodput:
+    if args.concurrency:
+        messages = payloads_for(records, config)
+        for level in _concurrencies(args.concurrency):
+            by_concurrency[level] = closed_loop(records, config, level, messages)
+            point = summarize(by_concurrency[level], slo)
+            print(f"concurrency {level:4d}  {point.request_throughput_rps:8.2f} req/s  "
+                  f"ttft p50 {point.ttft.p50_s:.4f} s  errors {point.num_errors}")  # fmt: skip
+        results = by_concurrency[max(by_concurrency)]
+    elif args.sweep or args.goodput:
         run = rate_runner(records, config)
 
         def keep(point: Any, samples: Any) -> None:
@@ -181,17 +247,36 @@ def _bench(args: argparse.Namespace) -> int:
     summary = summarize(results, slo)
     _print_summary(summary, label)
 
-    mode = "sweep" if args.sweep else "goodput" if args.goodput else "single"
+    mode = ("concurrency" if args.concurrency else "sweep" if args.sweep
+            else "goodput" if args.goodput else "single")  # fmt: skip
+    extra: dict[str, Any] = {"workload": _workload_settings(args, config)}
     # Every rate's requests too (the profiler calibrates on a whole sweep, not one rate).
-    every_rate = {str(rate): [r.to_dict() for r in samples] for rate, samples in by_rate.items()}
+    if by_rate:
+        extra["requests_by_rate"] = {
+            str(rate): [r.to_dict() for r in samples] for rate, samples in by_rate.items()
+        }
+    if by_concurrency:
+        extra["concurrency_points"] = [
+            {"concurrency": level, "summary": summarize(samples, slo).to_dict()}
+            for level, samples in by_concurrency.items()
+        ]
+    if metrics_before is not None:
+        extra["server_metrics"] = metrics_report(
+            metrics_before, scrape(args.endpoint, args.api_key)
+        )
     report = build_report(
         label=label, slo=slo, trace=summarize_trace(records), summary=summary,
         results=results, search=search, mode=mode, endpoint=args.endpoint, model=model,
-        extra={"requests_by_rate": every_rate} if every_rate else None,
+        extra=extra,
     )  # fmt: skip
     if args.out:
         print(f"results: {write_report(report, args.out)}")
-    if args.save_trace and not (args.sweep or args.goodput):
+    if args.export_requests:
+        runs: dict[Any, list[Any]] = dict(by_concurrency or by_rate) or {None: results}
+        key = "concurrency" if by_concurrency else "rate_rps"
+        path = export_requests(args.export_requests, runs, key)
+        print(f"per-request results: {path}")
+    if args.save_trace and mode == "single":
         measured = [r.to_trace_record(rec) for r, rec in zip(results, records, strict=True)]
         print(f"measured trace: {write_trace(measured, args.save_trace)}")
     if args.plots:
@@ -223,10 +308,32 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--goodput-min", type=float, default=0.05)
     parser.add_argument("--goodput-max", type=float, default=1024.0)
     parser.add_argument("--goodput-tolerance", type=float, default=0.05, help="relative")
+    lengths = parser.add_argument_group("exact lengths")
+    lengths.add_argument("--tokenizer", help="model directory whose tokenizer builds prompts of "
+                         "exact token counts (default: --model, if it is a directory; 'none': "
+                         "approximate word prompts)")  # fmt: skip
+    lengths.add_argument("--prompt-count", choices=("template", "content"), default="template",
+                         help="template: the server's non-image prompt tokens (chat template "
+                         "included, as the router records traces); content: the user text "
+                         "alone (AIPerf/vLLM input length)")  # fmt: skip
+    lengths.add_argument("--block-size", type=int, default=512,
+                         help="tokens per hash_ids block of Mooncake-style traces")  # fmt: skip
+    modes = parser.add_argument_group("load modes")
+    modes.add_argument("--concurrency", metavar="N[,N...]",
+                       help="closed loop: N clients back to back; a list sweeps")  # fmt: skip
+    modes.add_argument("--duration", type=float, help="send for this long (s); closed loop "
+                       "cycles the trace, open loop drops later arrivals")  # fmt: skip
+    modes.add_argument("--grace-period", type=float, default=30.0,
+                       help="after --duration, wait for in-flight ones (s)")  # fmt: skip
+    modes.add_argument("--warmup", type=int, default=0, help="warm-up requests, not measured")
+    modes.add_argument("--export-requests", type=Path, help="per-request results as JSONL")
+    modes.add_argument("--no-server-metrics", action="store_true",
+                       help="do not capture the server's /metrics before and after")  # fmt: skip
     parser.add_argument("--max-concurrency", type=int, default=256)
     parser.add_argument("--max-duration", type=float, help="wall-clock bound per run, s")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
-    parser.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early")
+    parser.add_argument("--no-ignore-eos", action="store_true",
+                        help="let the model stop early (no ignore_eos, no min_tokens)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--label", help="name of this run in reports/plots, e.g. the method")
     parser.add_argument("--out", type=Path, help="JSON results file")

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 from epd_engine.bench.arrivals import at_rate
 from epd_engine.bench.goodput import GoodputResult, RatePoint, find_goodput
-from epd_engine.bench.metrics import RequestResult
-from epd_engine.bench.slo import passes
+from epd_engine.bench.metrics import RequestResult, summarize
+from epd_engine.bench.slo import attainment, passes
 from epd_engine.config import SLO, Method, Role, Stage
 from epd_engine.plan import Budgets, Plan, Prediction
 from epd_engine.profiler.bounds import StageWork, goodput_bound, stage_work
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.rate_grid import RateGrid
 from epd_engine.profiler.simulator import Simulator
 from epd_engine.trace import TraceRecord
 
@@ -61,6 +62,7 @@ class Evaluator:
         self.cost = cost
         self.slo = slo
         self.rel_tolerance = rel_tolerance
+        self.grid = RateGrid(step=rel_tolerance)
         self.budgets: dict[Role, Budgets | None] = {
             role: derive_budgets(cost, role, slo) for role in Role
         }
@@ -99,6 +101,14 @@ class Evaluator:
             self.num_simulations += 1
             self._runs[key] = result.results
         return self._runs[key]
+
+    def point(self, candidate: Candidate, rate_rps: float) -> RatePoint:
+        """One simulated rate: pass / fail, attainment and the summary (what ``find_goodput``
+        measures, here for one rate the grid search picked)."""
+        results = self.run(candidate, rate_rps)
+        share = attainment(results, self.slo)
+        passed = share >= self.slo.attainment - 1e-12
+        return RatePoint(rate_rps, share, passed, summarize(results, self.slo))
 
     def reaches(self, candidate: Candidate, rate_rps: float) -> bool:
         return passes(self.run(candidate, rate_rps), self.slo)

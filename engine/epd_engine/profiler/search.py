@@ -19,8 +19,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from epd_engine.bench.goodput import RatePoint
 from epd_engine.config import SLO, Method
 from epd_engine.plan import Plan
+from epd_engine.profiler.best_first import BestFirst, grid_goodput
 from epd_engine.profiler.bounds import pool_work_s
 from epd_engine.profiler.candidates import (
     ALL_METHODS,
@@ -30,7 +32,8 @@ from epd_engine.profiler.candidates import (
 )
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.evaluate import Evaluation, Evaluator, prediction
-from epd_engine.profiler.workers import CheckPool
+from epd_engine.profiler.rate_grid import MAX_RPS
+from epd_engine.profiler.workers import SimPool
 from epd_engine.trace import TraceRecord, mean_rate_rps, trace_ref
 
 
@@ -50,14 +53,24 @@ class SearchResult:
         return sorted(rows, key=lambda e: (e.rank_key, e.candidate))
 
 
-def _start_rps(evaluator: Evaluator, bound_rps: float) -> float:
+def start_rps(evaluator: Evaluator, bound_rps: float) -> float:
     if bound_rps != float("inf"):
         return max(1e-3, bound_rps / 2)
     return max(1e-3, mean_rate_rps(evaluator.records) or 1.0)
 
 
-def _max_rps(bound_rps: float) -> float:
-    return bound_rps if bound_rps != float("inf") else 1e6
+def max_rps(bound_rps: float) -> float:
+    return bound_rps if bound_rps != float("inf") else MAX_RPS
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What the last search on a sliding window chose: searched first, from its goodput, so a
+    re-plan whose answer did not move settles in a few simulations. Changes speed only: the
+    answer is the same with or without it (ties break by the static order, not the visit)."""
+
+    candidate: Candidate
+    goodput_rps: float
 
 
 def exhaustive_search(
@@ -66,68 +79,40 @@ def exhaustive_search(
     methods: Sequence[Method] = ALL_METHODS,
     show_progress: bool = True,
     num_workers: int = 1,
+    hint: Hint | None = None,
 ) -> SearchResult:
-    """Best-first over all candidates; ``num_workers`` > 1 checks candidates in parallel."""
+    """Best-first over all candidates on the rate grid; ``num_workers`` > 1 simulates in
+    parallel. The answer is the exhaustive one (see ``BestFirst``)."""
     started = time.perf_counter()
     candidates = enumerate_candidates(num_gpus, methods)
-    bounds = {c: evaluator.bound(c) for c in candidates}
-    order = sorted(candidates, key=lambda c: (-bounds[c], c))
-    best: Evaluation | None = None
-    evaluations: list[Evaluation] = []
-    worker_sims = 0
-    tolerance = 1 + evaluator.rel_tolerance
-    bar = tqdm(total=len(order), desc=f"plans for {num_gpus} GPUs", disable=not show_progress)
-
-    def best_rps() -> float:
-        return best.goodput_rps if best is not None and best.goodput_rps else 0.0
-
-    def settle(found: Evaluation) -> None:
-        nonlocal best
-        evaluations.append(found)
-        if found.goodput_rps is not None and found.goodput_rps > best_rps():
-            best = found
-        bar.update(1)
-        bar.set_postfix(best=f"{best_rps():.3g} rps", sims=evaluator.num_simulations + worker_sims)
-
-    position = 0
-    # The first live candidate is searched from scratch (no threshold to test against yet).
-    while position < len(order) and best is None:
-        candidate = order[position]
-        bound = bounds[candidate]
-        if bound <= 0:
-            break
-        settle(evaluator.searched(candidate, _max_rps(bound), _start_rps(evaluator, bound)))
-        position += 1
-    with CheckPool(evaluator, num_workers) as pool:
-        in_flight: list[Future[tuple[Evaluation, int]]] = []
+    search = BestFirst(evaluator, candidates, hint)
+    bar = tqdm(total=len(candidates), desc=f"plans for {num_gpus} GPUs", disable=not show_progress)
+    with SimPool(evaluator, num_workers) as pool:
+        in_flight: dict[Future[RatePoint], tuple[Candidate, int]] = {}
         while True:
-            while position < len(order) and len(in_flight) < pool.capacity:
-                candidate = order[position]
-                bound = bounds[candidate]
-                if bound <= 0 or bound <= best_rps() * tolerance:
-                    break  # sorted by bound: no later candidate can win either
-                in_flight.append(pool.submit(candidate, best_rps() * tolerance, _max_rps(bound)))
-                position += 1
+            while len(in_flight) < pool.capacity and (job := search.next_job(pool.capacity)):
+                candidate, index = job
+                in_flight[pool.simulate(candidate, evaluator.grid.rate(index))] = job
             if not in_flight:
                 break
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             for future in done:
-                in_flight.remove(future)
-                found, num_sims = future.result()
-                worker_sims += num_sims if pool.capacity > 1 else 0
-                settle(found)
-    evaluations += [Evaluation(c, bounds[c]) for c in order[position:]]
-    bar.update(len(order) - position)
+                candidate, index = in_flight.pop(future)
+                search.record(candidate, index, future.result())
+            bar.n = search.num_settled
+            bar.set_postfix(best=f"{search.best_rps:.3g} rps", sims=search.num_simulations)
+    bar.n = len(candidates)
     bar.close()
-    pruned = sum(e.status == "pruned" for e in evaluations)
+    evaluations = search.evaluations()
     result = SearchResult(
         "exhaustive",
-        best,
+        search.best,
         evaluations,
         len(candidates),
-        pruned,
-        evaluator.num_simulations + worker_sims,
+        sum(e.status == "pruned" for e in evaluations),
+        search.num_simulations,
         time.perf_counter() - started,
+        {"grid_step": evaluator.grid.step},
     )
     result.evaluations = result.ranked(include_pruned=True)
     return result
@@ -156,12 +141,7 @@ def heuristic_search(
     candidates = heuristic_candidates(evaluator, num_gpus)
     evaluations = []
     for candidate in tqdm(candidates, desc="heuristic", disable=not show_progress):
-        bound = evaluator.bound(candidate)
-        if bound <= 0:
-            evaluations.append(Evaluation(candidate, bound, goodput_rps=0.0, status="searched"))
-            continue
-        start = _start_rps(evaluator, bound)
-        evaluations.append(evaluator.searched(candidate, _max_rps(bound), start))
+        evaluations.append(grid_goodput(evaluator, candidate))
     ranked = sorted(evaluations, key=lambda e: -(e.goodput_rps or 0.0))
     best = ranked[0] if ranked and (ranked[0].goodput_rps or 0) > 0 else None
     return SearchResult(
@@ -263,8 +243,9 @@ def search_plans(
     show_progress: bool = True,
     rel_tolerance: float = 0.05,
     num_workers: int = 1,
+    hint: Hint | None = None,
 ) -> tuple[Evaluator, SearchResult, SearchResult | None]:
     evaluator = Evaluator(records, cost, slo, rel_tolerance)
-    exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress, num_workers)
+    exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress, num_workers, hint)
     heuristic = heuristic_search(evaluator, num_gpus, show_progress) if with_heuristic else None
     return evaluator, exhaustive, heuristic

@@ -12,21 +12,24 @@ from fastapi.responses import StreamingResponse
 from epd_engine.errors import ModelNotFound
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
+from epd_engine.server.completions import (
+    CompletionRequest,
+    CompletionResponse,
+    completion_response,
+)
 from epd_engine.server.protocol import (
     SSE_DONE,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChunkChoice,
-    Delta,
     Usage,
     chat_response,
-    sse,
     sse_error,
     token_usage,
 )
+from epd_engine.server.streaming import ChunkWriter, Kind
 
 router = APIRouter()
+Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
 
 
 def _dispatcher(request: Request) -> Dispatcher:
@@ -67,9 +70,19 @@ async def trace(
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(
-    body: ChatCompletionRequest, request: Request
-) -> ChatCompletionResponse | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Answer:
+    return await _serve("chat", body, request)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Answer:
+    body.single_prompt()  # a batch or an empty prompt is refused here, not on an instance
+    return await _serve("completion", body, request)
+
+
+async def _serve(
+    kind: Kind, body: ChatCompletionRequest | CompletionRequest, request: Request
+) -> Answer:
     dispatcher = _dispatcher(request)
     served = dispatcher.settings.model
     if body.model != served:
@@ -81,10 +94,8 @@ async def chat_completions(
     inflight = await dispatcher.start(body)
     chunks = _chunks(dispatcher, inflight)
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _sse(chunks, inflight, include_usage), media_type="text/event-stream"
-        )
+        writer = ChunkWriter(kind, inflight.router_request_id, body.model, body.stream_options)
+        return StreamingResponse(_sse(chunks, inflight, writer), media_type="text/event-stream")
     text = []
     finish: ClientChunk | None = None
     async for chunk in chunks:
@@ -92,7 +103,8 @@ async def chat_completions(
         finish = chunk
     if finish is None or finish.error:
         raise RuntimeError(finish.error if finish else "request ended without output")
-    return chat_response(
+    respond = chat_response if kind == "chat" else completion_response
+    return respond(
         inflight.router_request_id,
         body.model,
         "".join(text),
@@ -122,29 +134,27 @@ async def _chunks(dispatcher: Dispatcher, inflight: InflightRequest) -> AsyncIte
 
 
 async def _sse(
-    chunks: AsyncIterator[ClientChunk], inflight: InflightRequest, include_usage: bool
+    chunks: AsyncIterator[ClientChunk], inflight: InflightRequest, writer: ChunkWriter
 ) -> AsyncIterator[str]:
-    model = inflight.body.model
-
-    def event(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
-        choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
-        body = ChatCompletionChunk(
-            id=inflight.router_request_id, model=model, choices=choices, usage=usage
-        )
-        if finish is not None:
-            body.epd_path = list(inflight.path)
-            body.epd_stage_s = dict(inflight.stage_s)
-        return sse(body)
-
-    yield event(Delta(role="assistant", content=""))
+    started = False
+    pending_tokens = 0  # tokens whose text is still held back (stop strings)
     async for chunk in chunks:
+        if not started:  # the prompt's length is known once the first event arrived
+            started = True
+            if opening := writer.start(inflight.num_prompt_tokens):
+                yield opening
         if chunk.error:
             yield sse_error(chunk.error)
             break
+        pending_tokens += chunk.num_tokens
         if chunk.text or chunk.finish_reason:
-            yield event(Delta(content=chunk.text or None), chunk.finish_reason)
-    if include_usage:
-        yield event(Delta(), usage=_usage(inflight))
+            # where the request went and how long each stage took, for `epdctl bench`
+            extra = {"epd_path": list(inflight.path), "epd_stage_s": dict(inflight.stage_s)}
+            yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason,
+                                **(extra if chunk.finish_reason else {}))  # fmt: skip
+            pending_tokens = 0
+    if totals := writer.usage(_usage(inflight)):
+        yield totals
     yield SSE_DONE
 
 

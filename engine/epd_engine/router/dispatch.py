@@ -20,6 +20,7 @@ from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidate
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
+from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.trace import ImageRef, TraceRecord
 
@@ -42,7 +43,7 @@ class Dispatcher:
     def __post_init__(self) -> None:
         self.events = EventRelay(self.inflight)
 
-    async def start(self, body: ChatCompletionRequest) -> InflightRequest:
+    async def start(self, body: ChatCompletionRequest | CompletionRequest) -> InflightRequest:
         request = InflightRequest(f"req-{uuid.uuid4().hex[:16]}", body, time.monotonic())
         self.inflight[request.router_request_id] = request
         try:

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest
 
 
@@ -22,7 +23,7 @@ class ClientChunk:
 @dataclass
 class InflightRequest:
     router_request_id: str
-    body: ChatCompletionRequest
+    body: ChatCompletionRequest | CompletionRequest
     arrival_s: float  # monotonic
     attempt: int = 0
     holder: str | None = None  # instance id that has it now

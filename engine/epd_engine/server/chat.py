@@ -12,6 +12,7 @@ from epd_engine.errors import ClientError
 from epd_engine.images import LoadedImage, decode_data_url, load_image
 from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
+from epd_engine.server.completions import CompletionRequest, prepare_completion
 from epd_engine.server.protocol import ChatCompletionRequest, ImagePart
 
 
@@ -57,7 +58,7 @@ def hf_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
 
 
 def sampling_params(
-    request: ChatCompletionRequest, num_prompt_tokens: int, max_model_len: int
+    request: ChatCompletionRequest | CompletionRequest, num_prompt_tokens: int, max_model_len: int
 ) -> SamplingParams:
     room = max_model_len - num_prompt_tokens
     if room < 1:
@@ -88,12 +89,15 @@ def sampling_params(
 
 
 async def prepare(
-    request: ChatCompletionRequest,
+    request: ChatCompletionRequest | CompletionRequest,
     processor: InputProcessor,
     http: httpx.AsyncClient,
     config: EngineConfig,
     max_model_len: int,
 ) -> tuple[PreparedPrompt, SamplingParams]:
+    if isinstance(request, CompletionRequest):
+        prompt = await asyncio.to_thread(prepare_completion, request, processor)
+        return prompt, sampling_params(request, len(prompt.token_ids), max_model_len)
     images = await load_images(request, http, config)
     prompt = await asyncio.to_thread(processor.prepare, hf_messages(request), images)
     params = sampling_params(request, len(prompt.token_ids), max_model_len)

@@ -13,6 +13,7 @@ from epd_engine.config import internal_token
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.errors import ClientError
 from epd_engine.server.chat import prepare
+from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import TransferError
@@ -48,7 +49,7 @@ class SubmitRequest(BaseModel):
     """The router hands a client request to its entry instance."""
 
     routing: Routing
-    body: ChatCompletionRequest
+    body: ChatCompletionRequest | CompletionRequest
     resume_output_token_ids: list[int] = Field(default_factory=list)
     emitted_text: str = ""
 

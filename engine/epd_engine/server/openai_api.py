@@ -1,4 +1,5 @@
-"""Public OpenAI-compatible routes: ``/v1/chat/completions`` and ``/v1/models``."""
+"""Public OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/models``."""
 
 from __future__ import annotations
 
@@ -13,22 +14,25 @@ from fastapi.responses import StreamingResponse
 from epd_engine.async_engine import RequestOutput
 from epd_engine.errors import ClientError, ModelNotFound
 from epd_engine.server.chat import prepare
+from epd_engine.server.completions import (
+    CompletionRequest,
+    CompletionResponse,
+    completion_response,
+)
 from epd_engine.server.protocol import (
     SSE_DONE,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChunkChoice,
-    Delta,
     Usage,
     chat_response,
-    sse,
     sse_error,
     token_usage,
 )
 from epd_engine.server.state import InstanceState
+from epd_engine.server.streaming import ChunkWriter, Kind
 
 router = APIRouter()
+Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
 
 
 def _state(request: Request) -> InstanceState:
@@ -78,9 +82,18 @@ class _Timer:
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(
-    body: ChatCompletionRequest, request: Request
-) -> ChatCompletionResponse | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Answer:
+    return await _serve("chat", body, request)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Answer:
+    return await _serve("completion", body, request)
+
+
+async def _serve(
+    kind: Kind, body: ChatCompletionRequest | CompletionRequest, request: Request
+) -> Answer:
     state = _state(request)
     if body.model != state.config.model_name:
         raise ModelNotFound(
@@ -94,16 +107,17 @@ async def chat_completions(
     prompt, params = await prepare(
         body, state.processor, state.http, state.config, state.engine.engine.max_model_len
     )
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        writer = ChunkWriter(kind, request_id, body.model, body.stream_options)
         return StreamingResponse(
-            _sse(first, outputs, request_id, body.model, include_usage, timer),
-            media_type="text/event-stream",
+            _sse(first, outputs, writer, timer), media_type="text/event-stream"
         )
-    return await _collect(first, outputs, request_id, body.model, timer)
+    text, final = await _collect(first, outputs, timer)
+    respond = chat_response if kind == "chat" else completion_response
+    return respond(request_id, body.model, text, final.finish_reason, _usage(final))
 
 
 async def _chain(
@@ -127,12 +141,9 @@ async def _chain(
 
 
 async def _collect(
-    first: RequestOutput,
-    rest: AsyncIterator[RequestOutput],
-    request_id: str,
-    model: str,
-    timer: _Timer,
-) -> ChatCompletionResponse:
+    first: RequestOutput, rest: AsyncIterator[RequestOutput], timer: _Timer
+) -> tuple[str, RequestOutput]:
+    """The whole text and the last output."""
     text: list[str] = []
     final = first
     async for output in _chain(first, rest, timer):
@@ -140,32 +151,27 @@ async def _collect(
         final = output
     if final.error:
         raise RuntimeError(final.error)
-    return chat_response(request_id, model, "".join(text), final.finish_reason, _usage(final))
+    return "".join(text), final
 
 
 async def _sse(
-    first: RequestOutput,
-    rest: AsyncIterator[RequestOutput],
-    request_id: str,
-    model: str,
-    include_usage: bool,
-    timer: _Timer,
+    first: RequestOutput, rest: AsyncIterator[RequestOutput], writer: ChunkWriter, timer: _Timer
 ) -> AsyncIterator[str]:
-    def chunk(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
-        choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
-
-    yield chunk(Delta(role="assistant", content=""))
+    if opening := writer.start(first.num_prompt_tokens):
+        yield opening
     final = first
+    counted = 0  # output tokens already in a chunk
     async for output in _chain(first, rest, timer):
         final = output
         if output.error:
             yield sse_error(output.error)
             break
         if output.text_delta or output.finish_reason:
-            yield chunk(Delta(content=output.text_delta or None), output.finish_reason)
-    if include_usage:
-        yield chunk(Delta(), usage=_usage(final))
+            new_tokens = output.num_output_tokens - counted
+            counted = output.num_output_tokens
+            yield writer.tokens(output.text_delta, new_tokens, output.finish_reason)
+    if totals := writer.usage(_usage(final)):
+        yield totals
     yield SSE_DONE
 
 

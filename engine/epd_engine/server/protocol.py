@@ -8,6 +8,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from epd_engine import __version__
+
+# Names the serving software and its version, which is what changes outputs under one model.
+SYSTEM_FINGERPRINT = f"fp_epd_{__version__}"
+
 
 class TextPart(BaseModel):
     type: Literal["text"]
@@ -39,6 +44,7 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: running usage on every chunk
 
 
 class ChatCompletionRequest(BaseModel):
@@ -104,6 +110,7 @@ class ChatCompletionResponse(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+    system_fingerprint: str | None = None
     choices: list[Choice]
     usage: Usage
 
@@ -115,42 +122,15 @@ def chat_response(
     return ChatCompletionResponse(
         id=request_id,
         model=model,
+        system_fingerprint=SYSTEM_FINGERPRINT,
         choices=[Choice(message=ResponseMessage(content=text), finish_reason=finish_reason)],
         usage=tokens,
     )
 
 
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-    # extensions on the router's final chunk: where the request went and how long each
-    # stage took (seconds), so `epdctl bench` can plot a real per-stage breakdown
-    epd_path: list[str] | None = None
-    epd_stage_s: dict[str, float] | None = None
-
-
-# --- server-sent events: one wire format for instances and the router ---------------------
+# --- server-sent events: one wire format for instances and the router (chunks: streaming.py)
 
 SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse(chunk: ChatCompletionChunk) -> str:
-    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
 
 def sse_error(message: str) -> str:
