@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,7 +22,8 @@ from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import Request
 from epd_engine.runner import CacheShape, ModelRunner
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampler import SamplingSpec
+from epd_engine.sampling import SampledToken, SamplingParams
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
@@ -103,9 +104,10 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(role, limits, kv, images)
         self._pixels: dict[str, list[torch.Tensor]] = {}
-        self._params: dict[str, SamplingParams] = {}
+        self._sampling: dict[str, SamplingSpec] = {}
         self._stage_ready_s: dict[tuple[str, Stage], float] = {}
         self._stage_started: dict[tuple[str, Stage], tuple[float, float]] = {}  # (start, queue)
+        self._stage_reported: set[tuple[str, Stage]] = set()  # timed already: never again
         self._offered: set[str] = set()
         self.watch_prefill: PrefillWatcher | None = None
         self.on_forget: Callable[[str], None] | None = None  # a request left this engine
@@ -144,14 +146,14 @@ class LLMEngine:
         block_size = self.config.kv_block_size
         table = list(range(-(-num_tokens // block_size)))
         task = TokenTask("budget-probe", Stage.PREFILL, [1] * num_tokens, 0, table, sample=True)
-        return best_of(lambda: self.runner.forward([task]))
+        return best_of(lambda: self.runner.forward([task]), device=self.runner.device)
 
     def _time_encode(self, num_images: int) -> float:
         vision = self.runner.vision
         assert vision is not None
         size = self.model_config.image_size
         pixels = torch.zeros(num_images, 3, size, size, dtype=self.runner.dtype)
-        return best_of(lambda: vision(pixels.to(self.runner.device)))
+        return best_of(lambda: vision(pixels.to(self.runner.device)), device=self.runner.device)
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -178,7 +180,9 @@ class LLMEngine:
         self.scheduler.add(request)  # raises ValueError when it can never fit
         self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []
-        self._params[request.request_id] = request.sampling
+        self._sampling[request.request_id] = SamplingSpec(
+            request.sampling, request.eos_token_ids, request.num_prompt_tokens
+        )
         self._mark_ready(request)
         return request
 
@@ -198,8 +202,9 @@ class LLMEngine:
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
         self._note_stage_starts(out, stats, start)
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
-        sampled = self.runner.execute(out, pixels, self._params, self._watch_prefills(out))
-        events = self.scheduler.update(out, sampled)
+        sampled = self.runner.execute(out, pixels, self._sampling, self._watch_prefills(out))
+        events = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()})
+        events = [_with_logprobs(event, sampled.get(event.request_id)) for event in events]
         now = time.monotonic()
         for request_id in {t.request_id for t in out.token_tasks} | {
             t.request_id for t in out.encodes
@@ -246,15 +251,17 @@ class LLMEngine:
         for stage in Stage:
             if stage is current:
                 continue
-            started = self._stage_started.get((request_id, stage))
-            if started is not None and started[0] >= 0:
+            started = self._stage_started.pop((request_id, stage), None)
+            if started is not None:
                 start_s, queue_s = started
                 stats.stage_timings.append(StageTiming(request_id, stage, queue_s, now - start_s))
-                self._stage_started[(request_id, stage)] = (-1.0, queue_s)  # reported
+                self._stage_reported.add((request_id, stage))
 
     def _mark_ready(self, request: Request) -> None:
         key = (request.request_id, request.next_stage)
-        if key not in self._stage_started and key not in self._stage_ready_s:
+        if not (
+            key in self._stage_started or key in self._stage_ready_s or key in self._stage_reported
+        ):
             self._stage_ready_s[key] = time.monotonic()
 
     # ---- migration (DESIGN.md §4) -----------------------------------------------------
@@ -294,8 +301,14 @@ class LLMEngine:
         if self.on_forget is not None:
             self.on_forget(request_id)
         self._pixels.pop(request_id, None)
-        self._params.pop(request_id, None)
-        self.runner.forget(request_id)
+        self._sampling.pop(request_id, None)
         for stage in Stage:
             self._stage_ready_s.pop((request_id, stage), None)
             self._stage_started.pop((request_id, stage), None)
+            self._stage_reported.discard((request_id, stage))
+
+
+def _with_logprobs(event: RequestEvent, sampled: SampledToken | None) -> RequestEvent:
+    if sampled is None or sampled.logprobs is None or event.new_token_id is None:
+        return event
+    return replace(event, logprobs=sampled.logprobs)

@@ -126,5 +126,9 @@ class Request:
         return self.output_token_ids[position - self.num_prompt_tokens]
 
     def token_ids_slice(self, start: int, stop: int) -> list[int]:
-        all_ids = self.prompt_token_ids + self.output_token_ids
-        return all_ids[start:stop]
+        """Tokens ``start:stop`` of prompt + output, copying only those (a decode asks for
+        one token of a long sequence every step)."""
+        prompt_len = self.num_prompt_tokens
+        head = self.prompt_token_ids[start:stop] if start < prompt_len else []
+        tail = self.output_token_ids[max(start - prompt_len, 0) : max(stop - prompt_len, 0)]
+        return head + tail if head else tail

@@ -6,13 +6,16 @@ cache ``[num_image_blocks, image_block_tokens, hidden]``.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from epd_engine.model.attention import AttentionMetadata
+from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampler import Sampler, SamplingRow, SamplingSpec
+from epd_engine.sampling import SampledToken
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.transfer.backend import CacheRegions
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
@@ -56,7 +59,7 @@ class ModelRunner:
                 (shape.num_image_blocks, shape.image_block_tokens, shape.hidden_size),
                 dtype,
             )
-        self._generators: dict[str, torch.Generator] = {}
+        self.sampler = Sampler(self.device)
 
     # ---- encode -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -88,90 +91,63 @@ class ModelRunner:
     def forward(
         self, tasks: list[TokenTask], layer_written: LayerWritten | None = None
     ) -> torch.Tensor:
-        """Hidden states of the last token of every task that samples: ``[S_sample, H]``."""
+        """Hidden states of the last token of every task that samples: ``[S_sample, H]``.
+
+        ``tasks``: decodes first (the attention backends' decode group), then prefills.
+        """
         assert self.language is not None
-        block_size = self.shape.kv_block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start_loc = [0]
-        for task in tasks:
-            for offset, token in enumerate(task.token_ids):
-                pos = task.start_position + offset  # absolute position in the sequence
-                token_ids.append(token)
-                positions.append(pos)
-                slots.append(task.block_table[pos // block_size] * block_size + pos % block_size)
-            query_start_loc.append(len(token_ids))
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [T]
+        batch = AttentionBatch(
+            query_lens=[t.num_tokens for t in tasks],
+            context_lens=[t.start_position + t.num_tokens for t in tasks],
+            block_tables=[t.block_table for t in tasks],
+            block_size=self.shape.kv_block_size,
+        )
+        meta = self.language.prepare(batch)  # once per step; every layer only reads it
+        token_ids = [token for task in tasks for token in task.token_ids]
+        ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
         embeds = self.language.embed(ids)  # [T, H]
-        for task, start in zip(tasks, query_start_loc, strict=False):
+        start = 0
+        for task in tasks:
             for piece in task.image_slices:
                 image = self.read_image(piece.blocks)
                 rows = image[piece.src_start : piece.src_start + piece.num_tokens]
                 dst = start + piece.dst_start
                 embeds[dst : dst + piece.num_tokens] = rows
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            query_start_loc=query_start_loc,
-            context_lens=[t.start_position + t.num_tokens for t in tasks],
-            block_tables=[t.block_table for t in tasks],
-            block_size=block_size,
-        )
-        position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [T]
-        hidden = self.language(embeds, position_ids, self.kv_caches, meta, layer_written)
-        last_rows = [query_start_loc[i + 1] - 1 for i, t in enumerate(tasks) if t.sample]
+            start += task.num_tokens
+        hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
+        ends = itertools.accumulate(batch.query_lens)
+        last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[last_rows]
 
     @torch.inference_mode()
-    def sample(
-        self, hidden: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
-    ) -> list[int]:
-        if not request_ids:
+    def sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """One batched pass over the logits of ``hidden`` ``[S, H]``, one row each."""
+        if not rows:
             return []
         assert self.language is not None
-        logits = self.language.compute_logits(hidden)  # [S, V] float32
-        tokens: list[int] = []
-        for row, request_id, p in zip(logits, request_ids, params, strict=True):
-            if p.greedy:
-                tokens.append(int(torch.argmax(row)))
-            else:
-                tokens.append(self._sample_one(row, request_id, p))
-        return tokens
-
-    def _sample_one(self, logits: torch.Tensor, request_id: str, p: SamplingParams) -> int:
-        probs = torch.softmax(logits / p.temperature, dim=-1)  # [V]
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < p.top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-        generator = self._generators.get(request_id)
-        if generator is None:
-            generator = torch.Generator(device=logits.device)
-            generator.manual_seed(p.seed if p.seed is not None else torch.seed())
-            self._generators[request_id] = generator
-        return int(torch.multinomial(probs, 1, generator=generator))
+        return self.sampler(self.language.compute_logits(hidden), rows)  # [S, V] float32
 
     @property
     def regions(self) -> CacheRegions:
         """The cache tensors as transfer backends see them."""
         return CacheRegions(kv=self.kv_caches, image=self.image_cache)
 
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
-
     def execute(
         self,
         out: SchedulerOutput,
         pixels: list[torch.Tensor],
-        params_of: dict[str, SamplingParams],
+        spec_of: Mapping[str, SamplingSpec],
         layer_written: LayerWritten | None = None,
-    ) -> dict[str, int]:
+    ) -> dict[str, SampledToken]:
         """Run one iteration: encodes first (their pages are read next iteration), then tokens."""
         self.encode(out.encodes, pixels)
         tasks = out.token_tasks
         if not tasks:
             return {}
         hidden = self.forward(tasks, layer_written)
-        sampling_ids = [t.request_id for t in tasks if t.sample]
-        tokens = self.sample(hidden, sampling_ids, [params_of[r] for r in sampling_ids])
-        return dict(zip(sampling_ids, tokens, strict=True))
+        sampling = [t for t in tasks if t.sample]
+        rows = [
+            SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens) for t in sampling
+        ]
+        tokens = self.sample(hidden, rows)
+        return {t.request_id: token for t, token in zip(sampling, tokens, strict=True)}

@@ -1,6 +1,9 @@
 """Reference paged attention in plain torch: the CPU path and the yardstick for GPU kernels.
 
-Three cases, each one SDPA call per group so CPU time goes to math, not Python:
+``prepare`` (once per step) adds what the torch math needs to the shared metadata: the
+decode group's padded page table and length mask, and per prefill its pages and causal
+mask. ``forward`` (every layer) then only indexes and calls SDPA, one call per group so CPU
+time goes to math, not Python:
 - decodes (one new token each) are batched: pages gathered into a padded ``[S, L]`` K/V
   with a length mask;
 - a prefill with nothing cached attends over its own K/V with ``is_causal`` (SDPA's fast
@@ -10,76 +13,96 @@ Three cases, each one SDPA call per group so CPU time goes to math, not Python:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from epd_engine.model.attention import AttentionMetadata
+from epd_engine.model.attention import AttentionBatch, AttentionMetadata, build_metadata
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """One prefill sequence: its query rows and, if it follows cached tokens, what to read."""
+
+    start: int
+    end: int
+    context_len: int
+    pages: torch.Tensor | None  # [n] int64; None: nothing cached, attend over own K/V
+    mask: torch.Tensor | None  # [q_len, context_len] bool causal mask offset by the cache
+
+
+@dataclass
+class TorchAttentionMetadata(AttentionMetadata):
+    write_blocks: torch.Tensor  # [T] int64: page of each new token
+    write_offsets: torch.Tensor  # [T] int64: its offset in the page
+    decode_pages: torch.Tensor | None  # [Sd, P] int64, padded with page 0 (masked out)
+    decode_mask: torch.Tensor | None  # [Sd, 1, 1, P * block_size] bool
+    prefills: list[PrefillPlan]
 
 
 def write_kv_cache(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
-    slot_mapping: torch.Tensor,  # [T] int64
-    block_size: int,
+    blocks: torch.Tensor,  # [T] int64
+    offsets: torch.Tensor,  # [T] int64
 ) -> None:
-    """Store this step's K/V at their slots (``block_id * block_size + offset``)."""
-    slots = slot_mapping.to(kv_cache.device)
-    block_ids = torch.div(slots, block_size, rounding_mode="floor")  # [T]
-    offsets = slots % block_size  # [T]
-    kv_cache[block_ids, 0, offsets] = k.to(kv_cache.dtype)
-    kv_cache[block_ids, 1, offsets] = v.to(kv_cache.dtype)
+    """Store this step's K/V at their pages and offsets."""
+    kv_cache[blocks, 0, offsets] = k.to(kv_cache.dtype)
+    kv_cache[blocks, 1, offsets] = v.to(kv_cache.dtype)
 
 
-def gather_kv(
-    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
-    block_table: list[int],
-    context_len: int,
-    block_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's first ``context_len`` cached K and V, each ``[context_len, Hkv, D]``."""
-    num_pages = -(-context_len // block_size)
-    if num_pages > len(block_table):
-        raise ValueError(f"block table has {len(block_table)} pages, need {num_pages}")
-    pages = torch.tensor(block_table[:num_pages], dtype=torch.long, device=kv_cache.device)
-    kv = kv_cache.index_select(0, pages)  # [n, 2, block_size, Hkv, D]
-    k = kv[:, 0].flatten(0, 1)[:context_len]  # [ctx, Hkv, D]
-    v = kv[:, 1].flatten(0, 1)[:context_len]
-    return k, v
-
-
-def _decode_batch(
-    q: torch.Tensor,  # [S, Hq, D]: one new token per sequence
-    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
-    block_tables: list[list[int]],
-    context_lens: list[int],
-    block_size: int,
-    scale: float,
-) -> torch.Tensor:  # [S, Hq, D]
-    num_pages = [-(-n // block_size) for n in context_lens]
-    max_pages = max(num_pages)
-    # pad every table to max_pages with page 0: those keys are masked out below
-    padded = [t[:n] + [0] * (max_pages - n) for t, n in zip(block_tables, num_pages, strict=True)]
-    pages = torch.tensor(padded, dtype=torch.long, device=kv_cache.device)  # [S, P]
-    kv = kv_cache[pages]  # [S, P, 2, block_size, Hkv, D]
-    k = kv[:, :, 0].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [S, Hkv, L, D]
-    v = kv[:, :, 1].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    lengths = torch.tensor(context_lens, device=q.device)  # [S]
-    positions = torch.arange(k.shape[2], device=q.device)  # [L]
-    mask = (positions[None, :] < lengths[:, None])[:, None, None, :]  # [S, 1, 1, L]
-    out = F.scaled_dot_product_attention(
-        q[:, :, None, :],  # [S, Hq, 1, D]
-        k,
-        v,
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )  # [S, Hq, 1, D]
-    return out[:, :, 0]
+def _gather(kv_cache: torch.Tensor, pages: torch.Tensor, length: int, index: int) -> torch.Tensor:
+    """K (index 0) or V (1) of ``pages``, flattened to ``[length, Hkv, D]``."""
+    return kv_cache[pages, index].flatten(0, 1)[:length]
 
 
 class TorchPagedAttention:
     """``AttentionBackend`` with torch ops only (see ``attention.AttentionBackend``)."""
+
+    def prepare(self, batch: AttentionBatch, device: torch.device) -> TorchAttentionMetadata:
+        base = build_metadata(batch, device)
+        block_size = batch.block_size
+        num_decodes = base.num_decodes
+        decode_pages = decode_mask = None
+        if num_decodes:
+            ctx = batch.context_lens[:num_decodes]
+            pages = [-(-n // block_size) for n in ctx]
+            width = max(pages)
+            padded = [
+                t[:n] + [0] * (width - n)
+                for t, n in zip(batch.block_tables[:num_decodes], pages, strict=True)
+            ]
+            decode_pages = torch.tensor(padded, dtype=torch.long).to(device)  # [Sd, P]
+            key_pos = torch.arange(width * block_size, device=device)  # [L]
+            lengths = base.context_lens[:num_decodes, None]  # [Sd, 1]
+            decode_mask = (key_pos[None, :] < lengths)[:, None, None, :]  # [Sd, 1, 1, L]
+        prefills = []
+        start = sum(batch.query_lens[:num_decodes])
+        for seq in range(num_decodes, batch.num_seqs):
+            q_len, ctx = batch.query_lens[seq], batch.context_lens[seq]
+            end = start + q_len
+            if q_len == 0:
+                continue
+            if q_len == ctx:
+                prefills.append(PrefillPlan(start, end, ctx, None, None))
+            else:
+                num_pages = -(-ctx // block_size)
+                pages_t = torch.tensor(batch.block_tables[seq][:num_pages], dtype=torch.long)
+                q_pos = torch.arange(ctx - q_len, ctx, device=device)  # [q_len]
+                k_pos = torch.arange(ctx, device=device)  # [ctx]
+                mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+                prefills.append(PrefillPlan(start, end, ctx, pages_t.to(device), mask))
+            start = end
+        return TorchAttentionMetadata(
+            **vars(base),
+            write_blocks=torch.div(base.slot_mapping, block_size, rounding_mode="floor"),
+            write_offsets=base.slot_mapping % block_size,
+            decode_pages=decode_pages,
+            decode_mask=decode_mask,
+            prefills=prefills,
+        )
 
     def forward(
         self,
@@ -90,55 +113,59 @@ class TorchPagedAttention:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping, meta.block_size)
+        if not isinstance(meta, TorchAttentionMetadata):
+            raise TypeError("TorchPagedAttention needs metadata from its own prepare()")
+        write_kv_cache(k, v, kv_cache, meta.write_blocks, meta.write_offsets)
         num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
         gqa = num_q_heads != num_kv_heads
         out = torch.empty_like(q)  # [T, Hq, D]
-        decodes: list[int] = []
-        for seq in range(meta.num_seqs):
-            start, end = meta.query_start_loc[seq], meta.query_start_loc[seq + 1]
-            q_len, context_len = end - start, meta.context_lens[seq]
-            if q_len == 0:
-                continue
-            if q_len > context_len:
-                raise ValueError(f"sequence {seq}: {q_len} new tokens but context {context_len}")
-            if q_len == 1 and context_len > 1:
-                decodes.append(seq)
-                continue
-            if q_len == context_len:  # nothing cached before: attend over this step's K/V
+        if meta.decode_pages is not None:
+            rows = meta.num_decodes  # decodes own query rows 0..Sd-1, one each
+            out[:rows] = self._decodes(q[:rows], kv_cache, meta, scale)
+        for plan in meta.prefills:
+            q_seq = q[plan.start : plan.end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
+            if plan.pages is None:  # nothing cached before: attend over this step's K/V
                 # Heads expanded by hand: with enable_gqa CPU SDPA leaves its flash path (2x).
                 group = num_q_heads // num_kv_heads
                 # 4-D inputs: CPU SDPA takes its flash path only with a batch dimension (10x)
-                out[start:end] = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1)[None],  # [1, Hq, q_len, D]
-                    k[start:end].repeat_interleave(group, 1).transpose(0, 1)[None],
-                    v[start:end].repeat_interleave(group, 1).transpose(0, 1)[None],
+                out[plan.start : plan.end] = F.scaled_dot_product_attention(
+                    q_seq,
+                    k[plan.start : plan.end].repeat_interleave(group, 1).transpose(0, 1)[None],
+                    v[plan.start : plan.end].repeat_interleave(group, 1).transpose(0, 1)[None],
                     is_causal=True,
                     scale=scale,
                 )[0].transpose(0, 1)
                 continue
-            k_ctx, v_ctx = gather_kv(kv_cache, meta.block_tables[seq], context_len, meta.block_size)
-            # Query j sits at position context_len - q_len + j and sees keys 0..that position.
-            q_pos = torch.arange(context_len - q_len, context_len, device=q.device)  # [q_len]
-            k_pos = torch.arange(context_len, device=q.device)  # [ctx]
-            mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
+            k_ctx = _gather(kv_cache, plan.pages, plan.context_len, 0).to(q.dtype)
+            v_ctx = _gather(kv_cache, plan.pages, plan.context_len, 1).to(q.dtype)
             seq_out = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1)[None],  # [1, Hq, q_len, D]
-                k_ctx.to(q.dtype).transpose(0, 1)[None],  # [1, Hkv, ctx, D]
-                v_ctx.to(q.dtype).transpose(0, 1)[None],
-                attn_mask=mask,
+                q_seq,
+                k_ctx.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
+                v_ctx.transpose(0, 1)[None],
+                attn_mask=plan.mask,
                 scale=scale,
                 enable_gqa=gqa,
             )  # [1, Hq, q_len, D]
-            out[start:end] = seq_out[0].transpose(0, 1)
-        if decodes:
-            rows = [meta.query_start_loc[seq] for seq in decodes]
-            out[rows] = _decode_batch(
-                q[rows],
-                kv_cache,
-                [meta.block_tables[seq] for seq in decodes],
-                [meta.context_lens[seq] for seq in decodes],
-                meta.block_size,
-                scale,
-            )
+            out[plan.start : plan.end] = seq_out[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def _decodes(
+        q: torch.Tensor,  # [Sd, Hq, D]
+        kv_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [Sd, Hq, D]
+        assert meta.decode_pages is not None
+        kv = kv_cache[meta.decode_pages]  # [Sd, P, 2, block_size, Hkv, D]
+        k = kv[:, :, 0].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [Sd, Hkv, L, D]
+        v = kv[:, :, 1].flatten(1, 2).transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :],  # [Sd, Hq, 1, D]
+            k,
+            v,
+            attn_mask=meta.decode_mask,
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )  # [Sd, Hq, 1, D]
+        return out[:, :, 0]

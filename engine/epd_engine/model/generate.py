@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from epd_engine.model.attention import AttentionMetadata
+from epd_engine.model.attention import AttentionBatch, AttentionMetadata
+from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.llava import LlavaLanguage, LlavaVision, scatter_image_embeddings
 
 DEFAULT_BLOCK_SIZE = 16
@@ -20,16 +21,12 @@ def single_sequence_metadata(
     num_new_tokens: int,
     block_size: int,
 ) -> AttentionMetadata:
-    """Metadata for one sequence appending ``num_new_tokens`` after ``num_cached_tokens``."""
-    positions = range(num_cached_tokens, num_cached_tokens + num_new_tokens)
-    slots = [block_table[pos // block_size] * block_size + pos % block_size for pos in positions]
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        query_start_loc=[0, num_new_tokens],
-        context_lens=[num_cached_tokens + num_new_tokens],
-        block_tables=[block_table],
-        block_size=block_size,
+    """Torch-backend metadata for one sequence appending ``num_new_tokens`` after
+    ``num_cached_tokens`` (CPU tensors)."""
+    batch = AttentionBatch(
+        [num_new_tokens], [num_cached_tokens + num_new_tokens], [block_table], block_size
     )
+    return TorchPagedAttention().prepare(batch, torch.device("cpu"))
 
 
 def prompt_embeddings(
@@ -72,7 +69,9 @@ def greedy_generate(
     new_tokens: list[int] = []
     while len(new_tokens) < max_new_tokens:
         num_new = embeds.shape[0]
-        meta = single_sequence_metadata(block_table, num_cached, num_new, block_size)
+        meta = language.prepare(
+            AttentionBatch([num_new], [num_cached + num_new], [block_table], block_size)
+        )
         positions = torch.arange(num_cached, num_cached + num_new, device=device)
         hidden = language(embeds, positions, kv_caches, meta)  # [num_new, H]
         logits = language.compute_logits(hidden[-1:])  # [1, V]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from epd_engine.model.attention import AttentionBackend, AttentionMetadata
+from epd_engine.model.attention import AttentionBackend, AttentionBatch, AttentionMetadata
 from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.layers import (
     ClipEncoderLayer,
@@ -146,6 +146,10 @@ class LlavaLanguage(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        """Once per step: the attention metadata every layer of ``forward`` reads."""
+        return self.attention.prepare(batch, self.embed_tokens.weight.device)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         return self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))

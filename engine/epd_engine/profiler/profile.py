@@ -36,6 +36,7 @@ from epd_engine.profiler.cost_model import (
 )
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.profiler.links import MEASURED_BACKENDS, LinkCoeffs, fit_link
+from epd_engine.sampler import SamplingSpec
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.timing import best_of
@@ -98,7 +99,7 @@ class RunnerProbe:
             hidden_size=self.model.hidden_size,
         )
         self.runner = ModelRunner(vision, language, self.shape, dtype, config.device, True)
-        self.params = SamplingParams(max_tokens=1, temperature=0.0)
+        self.params = SamplingSpec(SamplingParams(max_tokens=1, temperature=0.0))
         size = self.model.image_size
         self.pixels = torch.zeros(3, size, size)
         self.max_context = min(
@@ -138,7 +139,11 @@ class RunnerProbe:
     def measure(self, out: SchedulerOutput) -> float:
         pixels = [self.pixels] * len(out.encodes)
         params = {t.request_id: self.params for t in out.token_tasks}
-        return best_of(lambda: self.runner.execute(out, pixels, params), self.config.repeats)
+        return best_of(
+            lambda: self.runner.execute(out, pixels, params),
+            self.config.repeats,
+            device=self.runner.device,
+        )
 
 
 def _plan_batches(probe: RunnerProbe) -> list[tuple[str, SchedulerOutput]]:

@@ -17,6 +17,7 @@ from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager, blocks_needed
 from epd_engine.config import Role, Stage
 from epd_engine.request import CacheKind, Request, RequestStatus
+from epd_engine.sampling import TokenLogprobs
 from epd_engine.scheduler.output import (
     EncodeTask,
     ImageSlice,
@@ -41,6 +42,7 @@ class RequestEvent:
     request_id: str
     new_token_id: int | None
     finish_reason: str | None = None
+    logprobs: TokenLogprobs | None = None  # when the request asked for them
 
 
 class Scheduler:

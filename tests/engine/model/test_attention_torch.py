@@ -42,7 +42,7 @@ def test_paged_attention_with_gqa_matches_dense_and_fills_the_cache():
 
 def test_batched_decodes_of_different_lengths_match_dense_per_sequence():
     """Several one-token decodes in one batch (the padded, masked SDPA path)."""
-    from epd_engine.model.attention import AttentionMetadata
+    from epd_engine.model.attention import AttentionBatch
 
     gen = torch.Generator().manual_seed(1)
     hq, hkv, d, block_size = 4, 2, 8, 4
@@ -58,16 +58,8 @@ def test_batched_decodes_of_different_lengths_match_dense_per_sequence():
         meta = single_sequence_metadata(table, 0, length - 1, block_size)
         backend.forward(q[:-1], k[:-1], v[:-1], kv_cache, meta, 0.3)  # prefill all but the last
         seqs.append((q, k, v))
-    slots = [
-        t[(n - 1) // block_size] * block_size + (n - 1) % block_size
-        for t, n in zip(tables, lengths, strict=True)
-    ]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots),
-        query_start_loc=[0, 1, 2, 3],
-        context_lens=lengths,
-        block_tables=tables,
-        block_size=block_size,
+    meta = backend.prepare(
+        AttentionBatch([1, 1, 1], lengths, tables, block_size), torch.device("cpu")
     )
     out = backend.forward(
         torch.stack([q[-1] for q, _, _ in seqs]),

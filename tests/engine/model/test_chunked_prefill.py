@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd_engine.model.attention import AttentionMetadata
+from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.generate import prompt_embeddings, single_sequence_metadata
 from epd_engine.model.llava import LlavaLanguage
 from tests.engine.model.prompts import build_prompt, make_images
@@ -63,34 +63,16 @@ def test_ragged_batch_of_prefill_and_decode_matches_separate_runs(language, imag
     split = 10
     with torch.inference_mode():
         # Step 1: A's first chunk and B's first 5 tokens.
-        step1 = AttentionMetadata(
-            slot_mapping=torch.cat(
-                [
-                    single_sequence_metadata(a_blocks, 0, split, BLOCK_SIZE).slot_mapping,
-                    single_sequence_metadata(b_blocks, 0, 5, BLOCK_SIZE).slot_mapping,
-                ]
-            ),
-            query_start_loc=[0, split, split + 5],
-            context_lens=[split, 5],
-            block_tables=[a_blocks, b_blocks],
-            block_size=BLOCK_SIZE,
+        step1 = language.prepare(
+            AttentionBatch([split, 5], [split, 5], [a_blocks, b_blocks], BLOCK_SIZE)
         )
         embeds = torch.cat([image_prompt[:split], text[:5]])
         positions = torch.cat([torch.arange(split), torch.arange(5)])
         language(embeds, positions, kv_caches, step1)
         # Step 2: the rest of A's prompt and B's 6th token (a decode-sized step).
         rest = num_tokens - split
-        step2 = AttentionMetadata(
-            slot_mapping=torch.cat(
-                [
-                    single_sequence_metadata(a_blocks, split, rest, BLOCK_SIZE).slot_mapping,
-                    single_sequence_metadata(b_blocks, 5, 1, BLOCK_SIZE).slot_mapping,
-                ]
-            ),
-            query_start_loc=[0, rest, rest + 1],
-            context_lens=[num_tokens, 6],
-            block_tables=[a_blocks, b_blocks],
-            block_size=BLOCK_SIZE,
+        step2 = language.prepare(
+            AttentionBatch([rest, 1], [num_tokens, 6], [a_blocks, b_blocks], BLOCK_SIZE)
         )
         embeds = torch.cat([image_prompt[split:], text[5:]])
         positions = torch.cat([torch.arange(split, num_tokens), torch.tensor([5])])

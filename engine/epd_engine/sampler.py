@@ -1,0 +1,153 @@
+"""Batched sampling: one pass over the whole step's logits, one device-to-host copy.
+
+Per row: EOS masked until ``min_tokens`` are out, temperature, top-k and top-p cuts, then
+either argmax (greedy) or the exponential race ``argmax(p / E)`` with ``E ~ Exp(1)``
+(equivalent to drawing from ``p``). A seeded request's noise comes from a generator
+seeded with ``(seed, position)``, so its tokens depend only on its seed and where it is in
+its sequence: not on what else is in the batch, nor on which instance samples it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from epd_engine.sampling import SampledToken, SamplingParams, TokenLogprobs
+
+_MASK64 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What sampling needs to know about a request beyond its parameters."""
+
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    num_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One row of a step's logits: the request, and the position of the token drawn."""
+
+    spec: SamplingSpec
+    position: int  # index in the sequence of the token being sampled
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.position - self.spec.num_prompt_tokens
+
+
+def seed_for(seed: int, position: int) -> int:
+    """A generator seed per (request seed, position): splitmix64's mixing step."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & _MASK64
+
+
+class Sampler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._noise = torch.Generator(device=device)  # unseeded rows share one stream
+        self._noise.manual_seed(torch.seed())
+        self._seeded = torch.Generator(device=device)  # re-seeded per seeded row
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """``logits`` ``[S, V]`` float32 (changed in place), one row per entry of ``rows``."""
+        if not rows:
+            return []
+        params = [row.spec.params for row in rows]
+        self._mask_eos_before_min_tokens(logits, rows)
+        want_logprobs = any(p.logprobs for p in params)
+        if all(p.greedy for p in params) and not want_logprobs:
+            return [SampledToken(t) for t in logits.argmax(dim=-1).tolist()]
+        temperatures = [1.0 if p.greedy else p.temperature for p in params]
+        if any(t != 1.0 for t in temperatures):
+            logits.div_(torch.tensor(temperatures, device=logits.device)[:, None])
+        self._truncate(logits, params)
+        tokens = self._draw(logits, rows)  # [S] int64
+        if not want_logprobs:
+            return [SampledToken(t) for t in tokens.tolist()]
+        return self._with_logprobs(logits, tokens, params)
+
+    @staticmethod
+    def _mask_eos_before_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        banned_rows: list[int] = []
+        banned_ids: list[int] = []
+        for i, row in enumerate(rows):
+            if row.num_output_tokens < row.spec.params.min_tokens:
+                banned_rows.extend([i] * len(row.spec.eos_token_ids))
+                banned_ids.extend(row.spec.eos_token_ids)
+        if banned_rows:
+            index = torch.tensor([banned_rows, banned_ids], device=logits.device)
+            logits[index[0], index[1]] = float("-inf")
+
+    @staticmethod
+    def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+        """Set logits outside each row's top-k / top-p set to -inf (rows that ask only)."""
+        rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
+        if not rows:
+            return
+        vocab = logits.shape[1]
+        sub = logits[rows]  # [R, V]
+        top_k = torch.tensor([params[i].top_k or vocab for i in rows], device=logits.device)
+        top_p = [params[i].top_p for i in rows]
+        if all(p == 1.0 for p in top_p):  # top-k only: a partial sort is enough
+            width = min(int(top_k.max()), vocab)
+            values, order = sub.topk(width, dim=-1)  # [R, k]
+            keep = torch.arange(width, device=logits.device)[None, :] < top_k[:, None]
+        else:
+            values, order = sub.sort(dim=-1, descending=True)  # [R, V]
+            keep = torch.arange(vocab, device=logits.device)[None, :] < top_k[:, None]
+            probs = values.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs
+            keep &= mass_before < torch.tensor(top_p, device=logits.device)[:, None]
+        cut = torch.full_like(sub, float("-inf"))
+        cut.scatter_(1, order, values.masked_fill(~keep, float("-inf")))
+        logits[rows] = cut
+
+    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        greedy = [row.spec.params.greedy for row in rows]
+        tokens = logits.argmax(dim=-1)  # [S]
+        random_rows = [i for i, g in enumerate(greedy) if not g]
+        if not random_rows:
+            return tokens
+        every_row = len(random_rows) == len(rows)
+        probs = (logits if every_row else logits[random_rows]).softmax(dim=-1)  # [R, V]
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self._noise)
+        for r, i in enumerate(random_rows):
+            seed = rows[i].spec.params.seed
+            if seed is not None:
+                self._seeded.manual_seed(seed_for(seed, rows[i].position))
+                noise[r].exponential_(generator=self._seeded)
+        drawn = probs.div_(noise).argmax(dim=-1)
+        if every_row:
+            return drawn
+        tokens[random_rows] = drawn
+        return tokens
+
+    @staticmethod
+    def _with_logprobs(
+        logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+    ) -> list[SampledToken]:
+        logprobs = logits.log_softmax(dim=-1)  # [S, V]
+        chosen = logprobs.gather(1, tokens[:, None])  # [S, 1]
+        width = max(p.top_logprobs for p in params)
+        columns = [tokens[:, None].double(), chosen.double()]
+        if width:
+            top_values, top_ids = logprobs.topk(width, dim=-1)  # [S, k]
+            columns += [top_ids.double(), top_values.double()]
+        table = torch.cat(columns, dim=1).tolist()  # the step's one device-to-host copy
+        out = []
+        for p, line in zip(params, table, strict=True):
+            token = int(line[0])
+            if not p.logprobs:
+                out.append(SampledToken(token))
+                continue
+            ids, values = line[2 : 2 + width], line[2 + width :]
+            top = tuple((int(ids[j]), values[j]) for j in range(p.top_logprobs))
+            out.append(SampledToken(token, TokenLogprobs(line[1], top)))
+        return out
