@@ -7,7 +7,9 @@ Environment variables are read only here (prefix ``EPD_``).
 from __future__ import annotations
 
 import enum
+import functools
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,6 +139,26 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(f"EPD_{name}", default)
 
 
+def internal_token_set() -> bool:
+    """Whether this process was given the deployment's shared secret."""
+    return bool(env_str("INTERNAL_TOKEN", ""))
+
+
+@functools.cache
+def _process_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
 def internal_token() -> str:
-    """Shared secret for internal endpoints (registration, migration)."""
-    return env_str("INTERNAL_TOKEN", "epd-dev-token")
+    """Shared secret for internal endpoints (registration, migration, trace).
+
+    Never a well-known default: without ``EPD_INTERNAL_TOKEN`` the process makes a random
+    one nobody else knows, so its internal endpoints refuse every caller."""
+    return env_str("INTERNAL_TOKEN", "") or _process_token()
+
+
+def deployment_id() -> str:
+    """Which deployment (one ``epdctl up`` run, one EPDDeployment) this process belongs to;
+    instances prove it on registration so a stale process of an earlier run is refused.
+    Empty: not checked."""
+    return env_str("DEPLOYMENT_ID", "")

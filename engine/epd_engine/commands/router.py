@@ -49,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from epd_engine.config import internal_token_set
+
+    if not internal_token_set():
+        raise UserError(
+            "the router needs the deployment's secret in EPD_INTERNAL_TOKEN (instances register "
+            "with it); `epdctl up` and the operator set it"
+        )
     app = create_app(settings_from(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from epd_engine.cli import UserError
-from epd_engine.config import SLO, EngineConfig, Role
+from epd_engine.config import SLO, EngineConfig, Role, internal_token_set
 from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 
@@ -115,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model)
     if not (args.model / "config.json").exists():
         raise UserError(f"{args.model} has no config.json; make one with `epdctl make-model`")
+    if args.router_url and not internal_token_set():
+        raise UserError(
+            "--router-url needs the deployment's secret in EPD_INTERNAL_TOKEN (the same as the "
+            "router's); `epdctl up` and the operator set it"
+        )
     advertise = args.advertise_url or f"http://{args.host}:{args.port}"
     settings = ServerSettings(
         engine=engine_config(args),

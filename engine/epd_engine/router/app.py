@@ -18,6 +18,7 @@ from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
+from epd_engine.server.auth import NO_API_DOCS
 from epd_engine.server.errors import install_error_handlers
 
 
@@ -43,7 +44,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
             watcher.cancel()
             http.close()
 
-    app = FastAPI(title="EPD router", lifespan=lifespan)
+    app = FastAPI(title="EPD router", lifespan=lifespan, **NO_API_DOCS)
     install_error_handlers(app)
     app.include_router(client_api.router)
     app.include_router(internal_api.router)

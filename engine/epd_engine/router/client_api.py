@@ -6,12 +6,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from epd_engine.errors import ModelNotFound
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
+from epd_engine.server.auth import require_token
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionChunk,
@@ -46,7 +47,7 @@ async def list_models(request: Request) -> dict[str, object]:
 TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
 
 
-@router.get("/v1/trace")
+@router.get("/v1/trace", dependencies=[Depends(require_token)])
 async def trace(
     request: Request, since: float = 0.0, last: float | None = None
 ) -> StreamingResponse:

@@ -18,6 +18,7 @@ from epd_engine.metrics import Metrics
 from epd_engine.processor import InputProcessor
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.server import health, internal_api, openai_api
+from epd_engine.server.auth import NO_API_DOCS
 from epd_engine.server.errors import install_error_handlers
 from epd_engine.server.migration import MigrationManager
 from epd_engine.server.router_link import RouterLink
@@ -131,7 +132,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                     await state.migration.close()
                 async_engine.stop()
 
-    app = FastAPI(title="EPD engine instance", lifespan=lifespan)
+    app = FastAPI(title="EPD engine instance", lifespan=lifespan, **NO_API_DOCS)
     install_error_handlers(app)
     app.include_router(openai_api.router)
     app.include_router(health.router)

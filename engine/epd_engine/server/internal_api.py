@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from epd_engine.async_engine import Stream
-from epd_engine.config import internal_token
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.errors import ClientError
+from epd_engine.server.auth import require_token
 from epd_engine.server.chat import prepare
 from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import TransferError
 from epd_engine.transfer.messages import MigrationOffer, Routing
-
-
-class Forbidden(ClientError):
-    status_code = 403
-    error_type = "permission_error"
-
-
-async def require_token(x_epd_token: str = Header(default="")) -> None:
-    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a GIL hand-off
-    # that cost milliseconds per internal request next to a busy engine thread
-    if not hmac.compare_digest(x_epd_token, internal_token()):
-        raise Forbidden("internal endpoint: missing or wrong X-EPD-Token")
-
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
 
