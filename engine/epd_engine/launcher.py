@@ -241,7 +241,7 @@ class LocalSystem:
     def supervise(self) -> list[str]:
         """One supervision round: schedule dead children for a restart after their back-off,
         restart those whose time has come. Returns what it did, for the console."""
-        news = []
+        news: list[str] = []
         now = time.monotonic()
         with self._lock:
             if self.stopping:

@@ -19,6 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft", type=float, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, help="TPOT SLO in seconds")
     p.add_argument("--instance-timeout", type=float, help="drop an instance after this silence (s)")
+    p.add_argument("--max-request-bytes", type=int, help="larger bodies get 413")
+    p.add_argument(
+        "--progress-timeout", type=float, help="fail a request with no event for this long (s)"
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -32,6 +36,8 @@ def settings_from(args: argparse.Namespace):
         "slo_ttft_s": args.slo_ttft,
         "slo_tpot_s": args.slo_tpot,
         "instance_timeout_s": args.instance_timeout,
+        "max_request_bytes": args.max_request_bytes,
+        "progress_timeout_s": args.progress_timeout,
     }
     try:
         if args.config is not None:

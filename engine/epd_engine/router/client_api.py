@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from epd_engine.errors import ModelNotFound
+from epd_engine.errors import ClientError, ModelNotFound, ServiceUnavailable
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
 from epd_engine.server.auth import require_token
@@ -26,8 +27,10 @@ from epd_engine.server.protocol import (
     sse_error,
     token_usage,
 )
+from epd_engine.server.validation import check_chat_request
 
 router = APIRouter()
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks its client is there
 
 
 def _dispatcher(request: Request) -> Dispatcher:
@@ -79,6 +82,7 @@ async def chat_completions(
             param="model",
             code="model_not_found",
         )
+    check_chat_request(body)
     inflight = await dispatcher.start(body)
     chunks = _chunks(dispatcher, inflight)
     if body.stream:
@@ -86,33 +90,67 @@ async def chat_completions(
         return StreamingResponse(
             _sse(chunks, inflight, include_usage), media_type="text/event-stream"
         )
-    text = []
-    finish: ClientChunk | None = None
-    async for chunk in chunks:
-        text.append(chunk.text)
-        finish = chunk
+    collecting = asyncio.ensure_future(_collect(chunks))
+    try:  # a non-streaming client that leaves is noticed too, and its request aborted
+        text, finish = await _unless_disconnected(collecting, request)
+    finally:
+        await chunks.aclose()
     if finish is None or finish.error:
-        raise RuntimeError(finish.error if finish else "request ended without output")
+        # placed but failed (its instances died, no progress): a clean 503, not a 500
+        raise ServiceUnavailable((finish and finish.error) or "request ended without output")
     return chat_response(
         inflight.router_request_id,
         body.model,
-        "".join(text),
+        text,
         finish.finish_reason,
         _usage(inflight),
     )
 
 
-async def _chunks(dispatcher: Dispatcher, inflight: InflightRequest) -> AsyncIterator[ClientChunk]:
-    """Chunks until the request finishes; a client that leaves counts as aborted."""
+async def _collect(chunks: AsyncIterator[ClientChunk]) -> tuple[str, ClientChunk | None]:
+    text = []
+    finish: ClientChunk | None = None
+    async for chunk in chunks:
+        text.append(chunk.text)
+        finish = chunk
+    return "".join(text), finish
+
+
+async def _unless_disconnected(
+    work: asyncio.Future[tuple[str, ClientChunk | None]], request: Request
+) -> tuple[str, ClientChunk | None]:
+    while True:
+        done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return work.result()
+        if await request.is_disconnected():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            raise ClientError("client disconnected", code="client_disconnected")
+
+
+async def _chunks(
+    dispatcher: Dispatcher, inflight: InflightRequest
+) -> AsyncGenerator[ClientChunk, None]:
+    """Chunks until the request finishes; a client that leaves counts as aborted. A request
+    makes progress or ends: no event for ``progress_timeout_s`` (or the whole request past
+    ``request_timeout_s``) fails it."""
     outcome = "aborted"
-    deadline = dispatcher.settings.request_timeout_s
+    settings = dispatcher.settings
+    deadline_s = inflight.arrival_s + settings.request_timeout_s
     try:
         while True:
+            wait_s = min(settings.progress_timeout_s, deadline_s - time.monotonic())
             try:  # asyncio.timeout, not wait_for: no task per chunk
-                async with asyncio.timeout(deadline):
+                async with asyncio.timeout(max(wait_s, 0.0)):
                     chunk = await inflight.chunks.get()
             except TimeoutError:
-                inflight.fail(f"no progress for {deadline:.0f} s")
+                inflight.fail(
+                    f"no progress for {settings.progress_timeout_s:.0f} s"
+                    if time.monotonic() < deadline_s
+                    else f"not finished after {settings.request_timeout_s:.0f} s"
+                )
                 chunk = await inflight.chunks.get()
             yield chunk
             if chunk.finish_reason is not None:

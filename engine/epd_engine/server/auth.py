@@ -55,7 +55,3 @@ async def require_member(x_epd_deployment: str = Header(default="")) -> None:
             "a process of an earlier run cannot join this one",
             code="wrong_deployment",
         )
-
-
-# The generated API docs list every internal route and its schema: not served at all.
-NO_API_DOCS: dict[str, None] = {"docs_url": None, "redoc_url": None, "openapi_url": None}

@@ -78,6 +78,33 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     }
 
 
+class AbortRequest(BaseModel):
+    attempt: int
+
+
+@router.post("/requests/{router_request_id}/abort")
+async def abort(router_request_id: str, body: AbortRequest, request: Request) -> dict[str, bool]:
+    """The router's client went away (or gave up): stop the request and free its pages now
+    (they once stayed held until the request ran to its end)."""
+    state = _state(request)
+    request_id = f"{router_request_id}-{body.attempt}"
+    engine = state.engine
+
+    def stop() -> bool:
+        if request_id not in engine.streams:
+            return False
+        engine.abort(request_id)
+        return True
+
+    held = bool(await engine.call_async(stop))
+    if state.migration is not None and request_id in state.migration.handed_to:
+        state.migration.release(request_id)  # pages parked for a target that need not pull
+        held = True
+    if held:
+        state.metrics.requests.labels(**state.metrics.labels, outcome="aborted").inc()
+    return {"aborted": held}
+
+
 @router.post("/migrations")
 async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
     state = _state(request)

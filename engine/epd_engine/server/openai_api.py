@@ -27,6 +27,7 @@ from epd_engine.server.protocol import (
     token_usage,
 )
 from epd_engine.server.state import InstanceState
+from epd_engine.server.validation import check_role_serves
 
 router = APIRouter()
 
@@ -90,6 +91,7 @@ async def chat_completions(
         )
     if not state.ready:
         raise ClientError("server is starting", code="not_ready")
+    check_role_serves(state.config.role, body.num_images() > 0)
     timer = _Timer(state)
     prompt, params = await prepare(
         body, state.processor, state.http, state.config, state.engine.engine.max_model_len
