@@ -53,6 +53,7 @@ class LaunchSpec:
     engine_args: list[str] = field(default_factory=list)
     instance_env: dict[str, str] = field(default_factory=dict)  # e.g. EPD_* settings
     instance_timeout_s: float = 3.0  # router drops an instance after this much silence
+    progress_timeout_s: float = 60.0  # router fails a request with no event this long
     # a fresh secret per run (or the caller's EPD_INTERNAL_TOKEN), never a default
     token: str = field(default_factory=lambda: internal_token() if internal_token_set() else "")
     # instances prove they belong to this run when they register with its router
@@ -127,6 +128,7 @@ def router_args(spec: LaunchSpec) -> list[str]:
         "--slo-ttft", str(spec.slo_ttft_s),
         "--slo-tpot", str(spec.slo_tpot_s),
         "--instance-timeout", str(spec.instance_timeout_s),
+        "--progress-timeout", str(spec.progress_timeout_s),
         "--log-level", "warning",
     ]  # fmt: skip
 
