@@ -16,7 +16,7 @@ from epd_engine.errors import ClientError, ServiceUnavailable
 from epd_engine.metrics import Metrics
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
-from epd_engine.router.keepalive_client import KeepAliveClient
+from epd_engine.router.keepalive_client import Answer, KeepAliveClient
 from epd_engine.router.policy import InstanceLoad, LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
@@ -26,6 +26,8 @@ from epd_engine.trace import ImageRef, TraceRecord
 
 log = logging.getLogger(__name__)
 SUBMIT_BACKOFF_S = 0.05  # before trying the next instance, doubling per failed one
+SUBMIT_TIMEOUT_S = 60.0
+DOWN_CHECK_S = 0.25  # how often a pending submit checks its instance is still up
 
 
 @dataclass
@@ -84,12 +86,7 @@ class Dispatcher:
             if not request.path or request.path[-1] != target.pool:
                 request.path.append(target.pool)
             try:
-                response = await self.http.post_json(
-                    f"{target.url}/internal/requests",
-                    payload,
-                    headers={"X-EPD-Token": self.token},
-                    timeout_s=60.0,
-                )
+                response = await self._post_while_up(target, "/internal/requests", payload)
             except (OSError, TimeoutError, h11.ProtocolError) as exc:
                 log.warning("submit to %s failed: %r", target.url, exc)
                 if isinstance(exc, ConnectionRefusedError):  # nobody listens: down, now
@@ -108,6 +105,25 @@ class Dispatcher:
             self.registry.note_assigned(target.instance_id)
             request.prompt_info = response.json()
             return
+
+    async def _post_while_up(self, target: InstanceLoad, path: str, payload: object) -> Answer:
+        """POST to an instance, given up on as soon as the instance is marked down (a frozen
+        instance once held every submit to it for the whole 60 s timeout)."""
+        post = asyncio.ensure_future(
+            self.http.post_json(
+                f"{target.url}{path}",
+                payload,
+                headers={"X-EPD-Token": self.token},
+                timeout_s=SUBMIT_TIMEOUT_S,
+            )
+        )
+        while True:
+            done, _ = await asyncio.wait({post}, timeout=DOWN_CHECK_S)
+            if done:
+                return post.result()
+            if self.registry.get(target.instance_id) is None:
+                post.cancel()
+                raise ConnectionError(f"{target.instance_id} was marked down")
 
     async def retry(self, router_request_id: str, attempt: int, reason: str) -> None:
         request = self.inflight.get(router_request_id)

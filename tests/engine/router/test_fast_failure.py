@@ -83,3 +83,21 @@ async def test_a_departed_client_gets_its_request_aborted_at_the_instance() -> N
             await asyncio.sleep(0.02)
     abort = next(p for p in instance.paths if p.endswith("/abort"))
     assert abort.startswith("/internal/requests/req-")
+
+
+async def test_a_submit_to_an_instance_that_froze_is_given_up_when_it_is_marked_down() -> None:
+    """A frozen encoder held every submit to it for the 60 s submit timeout."""
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    frozen = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = frozen.sockets[0].getsockname()[1]
+    async with live_router(instance_timeout_s=1.0) as (url, _), httpx.AsyncClient() as http:
+        await register(http, url, "frozen-0", f"http://127.0.0.1:{port}")
+        started = time.monotonic()
+        answer = await http.post(f"{url}/v1/chat/completions", json=CHAT, timeout=30)
+        elapsed = time.monotonic() - started
+    frozen.close()
+    assert answer.status_code == 503, answer.text
+    assert elapsed < 3.0
