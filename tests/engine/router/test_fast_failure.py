@@ -101,3 +101,21 @@ async def test_a_submit_to_an_instance_that_froze_is_given_up_when_it_is_marked_
     frozen.close()
     assert answer.status_code == 503, answer.text
     assert elapsed < 3.0
+
+
+async def test_a_departed_non_streaming_client_gets_its_request_aborted_too() -> None:
+    async with (
+        live_router() as (url, _),
+        SilentInstance() as instance,
+        httpx.AsyncClient() as http,
+    ):
+        await register(http, url, "epd-0", instance.url)
+        try:
+            await http.post(f"{url}/v1/chat/completions", json=CHAT, timeout=0.5)
+            raise AssertionError("a silent instance cannot have answered")
+        except httpx.ReadTimeout:
+            pass  # the client gives up and closes its connection
+        deadline = time.monotonic() + 1.5
+        while not any(p.endswith("/abort") for p in instance.paths):
+            assert time.monotonic() < deadline, instance.paths
+            await asyncio.sleep(0.02)
