@@ -159,16 +159,16 @@ class Process:
                 start_new_session=True,
             )
 
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def backoff_s(self) -> float:
-        return min(RESTART_BACKOFF_S * 2**self.restarts, MAX_RESTART_BACKOFF_S)
+    def schedule_restart(self) -> float:
+        """It died: when to start it again (seconds from now)."""
+        now = time.monotonic()
+        if now - self.started_s > STABLE_S:
+            self.restarts = 0  # it ran well for a while: a new crash, not a crash loop
+        backoff_s = min(RESTART_BACKOFF_S * 2**self.restarts, MAX_RESTART_BACKOFF_S)
+        self.restart_at_s = now + backoff_s
+        return backoff_s
 
     def restart(self) -> None:
-        if time.monotonic() - self.started_s > STABLE_S:
-            self.restarts = 0  # it ran well for a while: this is a new crash, not a loop
         self.restarts += 1
         self.restart_at_s = None
         self.popen = self._spawn()
@@ -250,10 +250,10 @@ class LocalSystem:
                 return news
             for process in self.dead():
                 if process.restart_at_s is None:
-                    process.restart_at_s = now + process.backoff_s()
+                    backoff_s = process.schedule_restart()
                     news.append(
                         f"{process.name} exited with {process.popen.returncode}; restarting in "
-                        f"{process.backoff_s():.1f} s (log {process.log})"
+                        f"{backoff_s:.1f} s (log {process.log})"
                     )
                 elif now >= process.restart_at_s:
                     process.restart()
