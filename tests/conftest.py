@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 import pytest
+
+# The processes a test starts share one secret, as a deployment's do (there is no default).
+os.environ.setdefault("EPD_INTERNAL_TOKEN", secrets.token_urlsafe(24))
 
 
 @pytest.fixture(scope="session")

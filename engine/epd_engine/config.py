@@ -7,7 +7,9 @@ Environment variables are read only here (prefix ``EPD_``).
 from __future__ import annotations
 
 import enum
+import functools
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +117,26 @@ class EngineConfig:
     cpu_threads: int = (
         1  # per instance; several instances share the cores, oversubscribing is 20x slower
     )
+    # limits at the edge (server/limits.py, images.py, remote_images.py): checked before work
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096  # per image, read from its header before decoding
+    max_request_pixels: int = 2 * 4096 * 4096  # all images of one request together
+    max_prompt_tokens: int | None = None  # None: the context window less one output token
+    remote_image_hosts: tuple[str, ...] = ()  # http(s) image hosts allowed; () = none, "*" any
 
     def __post_init__(self) -> None:
-        for name in ("kv_block_size", "num_kv_blocks", "num_image_blocks", "max_num_running"):
+        for name in (
+            "kv_block_size",
+            "num_kv_blocks",
+            "num_image_blocks",
+            "max_num_running",
+            "max_request_bytes",
+            "max_image_pixels",
+            "max_request_pixels",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("token_budget", "image_budget"):
+        for name in ("token_budget", "image_budget", "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -137,6 +153,26 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(f"EPD_{name}", default)
 
 
+def internal_token_set() -> bool:
+    """Whether this process was given the deployment's shared secret."""
+    return bool(env_str("INTERNAL_TOKEN", ""))
+
+
+@functools.cache
+def _process_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
 def internal_token() -> str:
-    """Shared secret for internal endpoints (registration, migration)."""
-    return env_str("INTERNAL_TOKEN", "epd-dev-token")
+    """Shared secret for internal endpoints (registration, migration, trace).
+
+    Never a well-known default: without ``EPD_INTERNAL_TOKEN`` the process makes a random
+    one nobody else knows, so its internal endpoints refuse every caller."""
+    return env_str("INTERNAL_TOKEN", "") or _process_token()
+
+
+def deployment_id() -> str:
+    """Which deployment (one ``epdctl up`` run, one EPDDeployment) this process belongs to;
+    instances prove it on registration so a stale process of an earlier run is refused.
+    Empty: not checked."""
+    return env_str("DEPLOYMENT_ID", "")

@@ -7,18 +7,24 @@ The same spec and plan the operator renders into Deployments become, here, proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from epd_engine.config import internal_token, internal_token_set
 from epd_engine.plan import Plan
 
 
@@ -47,10 +53,26 @@ class LaunchSpec:
     engine_args: list[str] = field(default_factory=list)
     instance_env: dict[str, str] = field(default_factory=dict)  # e.g. EPD_* settings
     instance_timeout_s: float = 3.0  # router drops an instance after this much silence
+    progress_timeout_s: float = 60.0  # router fails a request with no event this long
+    # a fresh secret per run (or the caller's EPD_INTERNAL_TOKEN), never a default
+    token: str = field(default_factory=lambda: internal_token() if internal_token_set() else "")
+    # instances prove they belong to this run when they register with its router
+    deployment_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        if not self.token:
+            self.token = secrets.token_urlsafe(32)
 
     @property
     def router_url(self) -> str:
         return f"http://{self.host}:{self.router_port}"
+
+    def auth_env(self) -> dict[str, str]:
+        return {"EPD_INTERNAL_TOKEN": self.token, "EPD_DEPLOYMENT_ID": self.deployment_id}
+
+    def headers(self) -> dict[str, str]:
+        """What a client of this run's internal endpoints sends."""
+        return {"X-EPD-Token": self.token}
 
 
 def free_port() -> int:
@@ -106,46 +128,80 @@ def router_args(spec: LaunchSpec) -> list[str]:
         "--slo-ttft", str(spec.slo_ttft_s),
         "--slo-tpot", str(spec.slo_tpot_s),
         "--instance-timeout", str(spec.instance_timeout_s),
+        "--progress-timeout", str(spec.progress_timeout_s),
         "--log-level", "warning",
     ]  # fmt: skip
 
 
-@dataclass
 class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
+    """One supervised child: restarted with back-off when it dies, as a Deployment would."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.args = args
+        self.env = env
+        self.log = log
+        self.restarts = 0
+        self.restart_at_s: float | None = None  # set while dead and waiting its back-off
+        self.popen = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.started_s = time.monotonic()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:  # appended: a crash's log survives the restart
+            return subprocess.Popen(
+                [sys.executable, "-m", "epd_engine", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                # its own process group: `down` stops it and anything it started, and
+                # Ctrl-C reaches `up`, which stops children in order
+                start_new_session=True,
+            )
+
+    def schedule_restart(self) -> float:
+        """It died: when to start it again (seconds from now)."""
+        now = time.monotonic()
+        if now - self.started_s > STABLE_S:
+            self.restarts = 0  # it ran well for a while: a new crash, not a crash loop
+        backoff_s = min(RESTART_BACKOFF_S * 2**self.restarts, MAX_RESTART_BACKOFF_S)
+        self.restart_at_s = now + backoff_s
+        return backoff_s
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.restart_at_s = None
+        self.popen = self._spawn()
+
+
+RESTART_BACKOFF_S = 0.5  # first restart after this, doubling per crash in a row
+MAX_RESTART_BACKOFF_S = 30.0
+STABLE_S = 60.0  # a child up this long has its back-off reset
 
 
 class LocalSystem:
-    """Starts, watches and stops the processes of one launch."""
+    """Starts, supervises and stops the processes of one launch."""
 
     def __init__(self, spec: LaunchSpec) -> None:
         self.spec = spec
         self.processes: list[Process] = []
+        self.planned: list[InstanceSpec] = []
+        self.stopping = False
+        self._lock = threading.Lock()  # supervisor thread vs stop()
 
     def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.spec.run_dir / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "epd_engine", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                start_new_session=True,  # Ctrl-C reaches `up`, which stops children in order
-            )
-        process = Process(name, popen, log)
+        process = Process(name, args, {**(env or {}), **self.spec.auth_env()}, log)
         self.processes.append(process)
         return process
 
     def start(self) -> list[InstanceSpec]:
         self._start("router", router_args(self.spec))
-        planned = instances(self.spec)
-        for instance in planned:
+        self.planned = instances(self.spec)
+        for instance in self.planned:
             self._start(instance.name, instance.args, self.spec.instance_env)
-        self.write_state(planned)
-        return planned
+        self.write_state()
+        return self.planned
 
     def wait_ready(self, timeout_s: float, on_progress=None) -> None:
         """Until every planned instance has registered with the router."""
@@ -171,7 +227,9 @@ class LocalSystem:
 
     def registered(self) -> int:
         try:
-            pools = httpx.get(f"{self.spec.router_url}/internal/pools", headers=_token(), timeout=2)
+            pools = httpx.get(
+                f"{self.spec.router_url}/internal/pools", headers=self.spec.headers(), timeout=2
+            )
             return sum(len(p["instances"]) for p in pools.json()["pools"].values())
         except (httpx.HTTPError, ValueError, KeyError):
             return 0
@@ -182,42 +240,92 @@ class LocalSystem:
     def dead(self) -> list[Process]:
         return [p for p in self.processes if p.popen.poll() is not None]
 
+    def supervise(self) -> list[str]:
+        """One supervision round: schedule dead children for a restart after their back-off,
+        restart those whose time has come. Returns what it did, for the console."""
+        news: list[str] = []
+        now = time.monotonic()
+        with self._lock:
+            if self.stopping:
+                return news
+            for process in self.dead():
+                if process.restart_at_s is None:
+                    backoff_s = process.schedule_restart()
+                    news.append(
+                        f"{process.name} exited with {process.popen.returncode}; restarting in "
+                        f"{backoff_s:.1f} s (log {process.log})"
+                    )
+                elif now >= process.restart_at_s:
+                    process.restart()
+                    news.append(f"{process.name} restarted (restart {process.restarts})")
+                    self.write_state()
+        return news
+
+    def supervise_in_background(self, interval_s: float = 0.25, report=None) -> threading.Thread:
+        def run() -> None:
+            while not self.stopping:
+                for line in self.supervise():
+                    if report is not None:
+                        report(line)
+                time.sleep(interval_s)
+
+        thread = threading.Thread(target=run, name="epd-supervisor", daemon=True)
+        thread.start()
+        return thread
+
     def stop(self, timeout_s: float = 15) -> None:
-        """Instances first (the router re-routes nothing: everything is going), then router."""
+        """Instances first (the router re-routes nothing: everything is going), then router;
+        a child that ignores SIGINT is killed, with its whole process group."""
+        with self._lock:
+            self.stopping = True
         for process in reversed(self.processes):
             if process.popen.poll() is None:
-                os.killpg(process.popen.pid, signal.SIGINT)
+                _signal_group(process.popen.pid, signal.SIGINT)
         deadline = time.monotonic() + timeout_s
         for process in self.processes:
             remaining = max(0.1, deadline - time.monotonic())
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.popen.wait(remaining)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait()
+            # the group, even when its leader is gone: nothing it started outlives the run
+            _signal_group(process.popen.pid, signal.SIGKILL)
+            process.popen.wait()
         state = self.spec.run_dir / "state.json"
         state.unlink(missing_ok=True)
 
-    def write_state(self, planned: list[InstanceSpec]) -> None:
+    def write_state(self, **extra: object) -> None:
+        """``runs/<name>/state.json``: what `down` and `status` need, the token included
+        (so the file is private to its user)."""
+        path = self.spec.run_dir / "state.json"
+        old = read_state(self.spec.run_dir) or {}
         state = {
             "name": self.spec.name,
-            "pid": os.getpid(),
+            "pid": os.getpid(),  # the supervisor
             "router_url": self.spec.router_url,
+            "token": self.spec.token,
+            "deployment_id": self.spec.deployment_id,
             "plan": self.spec.plan.model_dump(mode="json"),
-            "instances": [{"name": i.name, "role": i.role, "port": i.port} for i in planned],
+            "instances": [{"name": i.name, "role": i.role, "port": i.port} for i in self.planned],
+            "pids": [p.popen.pid for p in self.processes],
+            "ready": old.get("ready", False),
+            **extra,
         }
-        (self.spec.run_dir / "state.json").write_text(json.dumps(state, indent=2))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(state, out, indent=2)
+        tmp.replace(path)
 
 
-def _token() -> dict[str, str]:
-    from epd_engine.config import internal_token
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
-    return {"X-EPD-Token": internal_token()}
 
-
-def read_state(run_dir: Path) -> dict[str, object] | None:
+def read_state(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "state.json"
-    if not path.exists():
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
-    data: dict[str, object] = json.loads(path.read_text())
     return data

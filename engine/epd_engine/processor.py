@@ -36,11 +36,14 @@ class InputProcessor:
     def prepare(self, messages: list[dict[str, Any]], images: list[LoadedImage]) -> PreparedPrompt:
         """``messages`` in Hugging Face chat form (content parts ``text``/``image``)."""
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
-        encoded = self.processor(
-            text=text,
-            images=[i.image for i in images] or None,
-            return_tensors="pt",
-        )
+        try:
+            encoded = self.processor(
+                text=text,
+                images=[i.image for i in images] or None,
+                return_tensors="pt",
+            )
+        except ValueError as exc:  # the input's fault (a shape the processor cannot take)
+            raise ClientError(f"cannot process the request's input: {exc}") from exc
         token_ids: list[int] = encoded["input_ids"][0].tolist()
         refs = self._image_refs(token_ids, images)
         pixels = list(encoded["pixel_values"]) if images else []

@@ -180,8 +180,8 @@ def stage_means(records: Sequence[TraceRecord]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(totals.items())}
 
 
-def router_trace(router_url: str) -> list[TraceRecord]:
-    response = httpx.get(f"{router_url}/v1/trace", timeout=30)
+def router_trace(router_url: str, headers: dict[str, str]) -> list[TraceRecord]:
+    response = httpx.get(f"{router_url}/v1/trace", headers=headers, timeout=30)
     response.raise_for_status()
     return parse_trace(response.text.splitlines(), f"{router_url}/v1/trace")
 
@@ -296,7 +296,7 @@ def run_method(
         load_before = os.getloadavg()
         results = drive(spec.router_url, config, work.mixed, config.max_concurrency)
         load_after = os.getloadavg()
-        trace = router_trace(spec.router_url)[len(work.warmup.records) :]
+        trace = router_trace(spec.router_url, spec.headers())[len(work.warmup.records) :]
         report: dict[str, Any] = {
             "method": method.value,
             "kv_handoff": config.kv_handoff,

@@ -19,6 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft", type=float, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, help="TPOT SLO in seconds")
     p.add_argument("--instance-timeout", type=float, help="drop an instance after this silence (s)")
+    p.add_argument("--max-request-bytes", type=int, help="larger bodies get 413")
+    p.add_argument(
+        "--progress-timeout", type=float, help="fail a request with no event for this long (s)"
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -32,6 +36,8 @@ def settings_from(args: argparse.Namespace):
         "slo_ttft_s": args.slo_ttft,
         "slo_tpot_s": args.slo_tpot,
         "instance_timeout_s": args.instance_timeout,
+        "max_request_bytes": args.max_request_bytes,
+        "progress_timeout_s": args.progress_timeout,
     }
     try:
         if args.config is not None:
@@ -49,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from epd_engine.config import internal_token_set
+
+    if not internal_token_set():
+        raise UserError(
+            "the router needs the deployment's secret in EPD_INTERNAL_TOKEN (instances register "
+            "with it); `epdctl up` and the operator set it"
+        )
     app = create_app(settings_from(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from epd_engine.cli import UserError
-from epd_engine.config import SLO, EngineConfig, Role
+from epd_engine.config import SLO, EngineConfig, Role, internal_token_set
 from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 
@@ -39,6 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-images-per-request", type=int, default=8)
     p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
+    p.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024, help="body (413)")
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="per image")
+    p.add_argument(
+        "--max-request-pixels", type=int, default=2 * 4096 * 4096, help="all images of a request"
+    )
+    p.add_argument("--max-prompt-tokens", type=int, help="default: the context window less one")
+    p.add_argument(
+        "--allow-image-host",
+        action="append",
+        default=[],
+        help="fetch http(s) image URLs from this host (repeat; '*' any public host); "
+        "private, loopback and link-local addresses are refused whatever the name",
+    )
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
     p.add_argument(
@@ -97,6 +110,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_images_per_request=args.max_images_per_request,
             max_image_bytes=args.max_image_bytes,
             max_model_len=args.max_model_len,
+            max_request_bytes=args.max_request_bytes,
+            max_image_pixels=args.max_image_pixels,
+            max_request_pixels=args.max_request_pixels,
+            max_prompt_tokens=args.max_prompt_tokens,
+            remote_image_hosts=tuple(args.allow_image_host),
             slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
         )
     except ValueError as exc:
@@ -128,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
         make_model(args.preset, args.model)
     if not (args.model / "config.json").exists():
         raise UserError(f"{args.model} has no config.json; make one with `epdctl make-model`")
+    if args.router_url and not internal_token_set():
+        raise UserError(
+            "--router-url needs the deployment's secret in EPD_INTERNAL_TOKEN (the same as the "
+            "router's); `epdctl up` and the operator set it"
+        )
     advertise = args.advertise_url or f"http://{args.host}:{args.port}"
     settings = ServerSettings(
         engine=engine_config(args),

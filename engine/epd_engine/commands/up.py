@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -108,6 +107,9 @@ def run_up(args: argparse.Namespace) -> int:
             *spec.engine.extra_args,
         ],
     )
+    if args.detach:
+        return _detach(args, launch.run_dir)
+    _refuse_or_clear_old_run(launch.run_dir)
     system = LocalSystem(launch)
     print(f"starting {plan.describe()} for {spec.model.name} (logs in {launch.run_dir / 'logs'})")
     system.start()
@@ -122,12 +124,11 @@ def run_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         system.stop()
         return 130
+    system.write_state(ready=True)
     print(f"ready: OpenAI endpoint {launch.router_url}/v1  (model {spec.model.name!r})")
     print(f"       metrics {launch.router_url}/metrics, trace {launch.router_url}/v1/trace")
-    if args.detach:
-        _detach(system)
-        return 0
-    print("Ctrl-C stops everything.")
+    print(f"       internal token in {launch.run_dir / 'state.json'} (header X-EPD-Token)")
+    print("Ctrl-C stops everything.", flush=True)
     stopping = False
 
     def _terminate(*_: object) -> None:
@@ -136,30 +137,97 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        while not stopping:
-            for process in system.dead():
-                print(f"warning: {process.name} exited ({process.log})", file=sys.stderr)
-                system.processes.remove(process)
-            time.sleep(0.5)
+        while not stopping:  # crashed children come back after a back-off
+            for line in system.supervise():
+                print(line, file=sys.stderr, flush=True)
+            time.sleep(0.25)
     except KeyboardInterrupt:
         pass
-    print("stopping...")
+    print("stopping...", flush=True)
     system.stop()
     return 0
 
 
-def _detach(system) -> None:
-    """Leave the children running; `epdctl down` finds them through state.json."""
-    state = system.spec.run_dir / "state.json"
-    data = json.loads(state.read_text())
-    data["pids"] = [p.popen.pid for p in system.processes]
-    data["pid"] = None
-    state.write_text(json.dumps(data, indent=2))
+def _detach(args: argparse.Namespace, run_dir: Path) -> int:
+    """Run this same `up` without ``--detach`` as a background supervisor (its own session,
+    output in ``up.log``) and return once it reports ready; `epdctl down` stops it."""
+    import subprocess
+
+    _refuse_or_clear_old_run(run_dir)
+    log = run_dir / "logs" / "up.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    with log.open("ab") as out:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "epd_engine", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + args.timeout + 30
+    while time.monotonic() < deadline:
+        if supervisor.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise UserError(f"`epdctl up` exited with {supervisor.returncode}; {log}:\n{tail}")
+        state = read_state(run_dir)
+        if state and state.get("ready") and state.get("pid") == supervisor.pid:
+            print(
+                f"ready: OpenAI endpoint {state['router_url']}/v1 (supervisor pid {supervisor.pid})"
+            )
+            print(f"       logs in {run_dir / 'logs'}; stop with `epdctl down`")
+            return 0
+        time.sleep(0.3)
+    _stop_run(run_dir)
+    raise UserError(f"not ready after {args.timeout:.0f}s; see {log}")
+
+
+def _is_ours(pid: int) -> bool:
+    """``pid`` is alive and an `epdctl` process (not an unrelated one that reused the id)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"epd_engine" in cmdline or b"epdctl" in cmdline
+
+
+def _refuse_or_clear_old_run(run_dir: Path) -> None:
+    """One run per name: refuse while one is supervised; stop the leftovers of one that is
+    not (a crashed `up`), so nothing of it joins the new run."""
+    state = read_state(run_dir)
+    if state is None:
+        return
+    pid = state.get("pid")
+    if pid and pid != os.getpid() and _is_ours(int(pid)):
+        raise UserError(f"{run_dir.name} is already running (pid {pid}); `epdctl down` first")
+    _stop_run(run_dir)
+
+
+def _stop_run(run_dir: Path, timeout_s: float = 20) -> None:
+    """Stop a run: its supervisor stops the children in order; then every child's process
+    group that is still there is killed."""
+    state = read_state(run_dir) or {}
+    pid = state.get("pid")
+    if pid and _is_ours(int(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _is_ours(int(pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for child in state.get("pids", []):
+        if _is_ours(int(child)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(child), signal.SIGKILL)
+    (run_dir / "state.json").unlink(missing_ok=True)
+
+
+def read_state(run_dir: Path) -> dict | None:
+    from epd_engine.launcher import read_state as read
+
+    return read(run_dir)
 
 
 def _find(args: argparse.Namespace) -> tuple[str, dict]:
-    from epd_engine.launcher import read_state
-
     runs = Path(args.runs_dir)
     names = (
         [args.name]
@@ -177,29 +245,20 @@ def _find(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    name, state = _find(args)
-    if state.get("pid"):  # a foreground `epdctl up`: it stops its children in order
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(state["pid"]), signal.SIGTERM)
-    else:  # detached: stop each child's process group
-        for pid in state.get("pids", []):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGINT)
-        (Path(args.runs_dir) / name / "state.json").unlink(missing_ok=True)
-    print(f"stopping {name}")
+    name, _ = _find(args)
+    print(f"stopping {name}", flush=True)
+    _stop_run(Path(args.runs_dir) / name)
     return 0
 
 
 def run_status(args: argparse.Namespace) -> int:
     import httpx
 
-    from epd_engine.config import internal_token
-
     name, state = _find(args)
     url = state["router_url"]
     try:
         pools = httpx.get(
-            f"{url}/internal/pools", headers={"X-EPD-Token": internal_token()}, timeout=3
+            f"{url}/internal/pools", headers={"X-EPD-Token": state.get("token", "")}, timeout=3
         ).json()
     except httpx.HTTPError as exc:
         raise UserError(f"router {url} does not answer: {exc}") from exc

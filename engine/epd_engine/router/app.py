@@ -19,6 +19,7 @@ from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
 from epd_engine.server.errors import install_error_handlers
+from epd_engine.server.limits import BodySizeLimit
 
 
 def create_app(settings: RouterSettings) -> FastAPI:
@@ -43,8 +44,16 @@ def create_app(settings: RouterSettings) -> FastAPI:
             watcher.cancel()
             http.close()
 
-    app = FastAPI(title="EPD router", lifespan=lifespan)
+    # no generated API docs: they listed every internal route and its schema to anyone
+    app = FastAPI(
+        title="EPD router",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(client_api.router)
     app.include_router(internal_api.router)
 

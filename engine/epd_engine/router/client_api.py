@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from epd_engine.errors import ModelNotFound
+from epd_engine.errors import ClientError, ModelNotFound, ServiceUnavailable
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
+from epd_engine.server.auth import require_token
 from epd_engine.server.completions import (
     CompletionRequest,
     CompletionResponse,
@@ -27,9 +29,11 @@ from epd_engine.server.protocol import (
     token_usage,
 )
 from epd_engine.server.streaming import ChunkWriter, Kind
+from epd_engine.server.validation import check_chat_request, check_completion_request
 
 router = APIRouter()
 Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks its client is there
 
 
 def _dispatcher(request: Request) -> Dispatcher:
@@ -49,7 +53,7 @@ async def list_models(request: Request) -> dict[str, object]:
 TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
 
 
-@router.get("/v1/trace")
+@router.get("/v1/trace", dependencies=[Depends(require_token)])
 async def trace(
     request: Request, since: float = 0.0, last: float | None = None
 ) -> StreamingResponse:
@@ -91,39 +95,77 @@ async def _serve(
             param="model",
             code="model_not_found",
         )
+    if isinstance(body, ChatCompletionRequest):
+        check_chat_request(body)
+    else:  # the prompt's length is checked where it is tokenized (on the instance)
+        check_completion_request(body, max_tokens=None)
     inflight = await dispatcher.start(body)
     chunks = _chunks(dispatcher, inflight)
     if body.stream:
         writer = ChunkWriter(kind, inflight.router_request_id, body.model, body.stream_options)
         return StreamingResponse(_sse(chunks, inflight, writer), media_type="text/event-stream")
-    text = []
-    finish: ClientChunk | None = None
-    async for chunk in chunks:
-        text.append(chunk.text)
-        finish = chunk
+    collecting = asyncio.ensure_future(_collect(chunks))
+    try:  # a non-streaming client that leaves is noticed too, and its request aborted
+        text, finish = await _unless_disconnected(collecting, request)
+    finally:
+        await chunks.aclose()
     if finish is None or finish.error:
-        raise RuntimeError(finish.error if finish else "request ended without output")
+        # placed but failed (its instances died, no progress): a clean 503, not a 500
+        raise ServiceUnavailable((finish and finish.error) or "request ended without output")
     respond = chat_response if kind == "chat" else completion_response
     return respond(
         inflight.router_request_id,
         body.model,
-        "".join(text),
+        text,
         finish.finish_reason,
         _usage(inflight),
     )
 
 
-async def _chunks(dispatcher: Dispatcher, inflight: InflightRequest) -> AsyncIterator[ClientChunk]:
-    """Chunks until the request finishes; a client that leaves counts as aborted."""
+async def _collect(chunks: AsyncIterator[ClientChunk]) -> tuple[str, ClientChunk | None]:
+    text = []
+    finish: ClientChunk | None = None
+    async for chunk in chunks:
+        text.append(chunk.text)
+        finish = chunk
+    return "".join(text), finish
+
+
+async def _unless_disconnected(
+    work: asyncio.Future[tuple[str, ClientChunk | None]], request: Request
+) -> tuple[str, ClientChunk | None]:
+    while True:
+        done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return work.result()
+        if await request.is_disconnected():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            raise ClientError("client disconnected", code="client_disconnected")
+
+
+async def _chunks(
+    dispatcher: Dispatcher, inflight: InflightRequest
+) -> AsyncGenerator[ClientChunk, None]:
+    """Chunks until the request finishes; a client that leaves counts as aborted. A request
+    makes progress or ends: no event for ``progress_timeout_s`` (or the whole request past
+    ``request_timeout_s``) fails it."""
     outcome = "aborted"
-    deadline = dispatcher.settings.request_timeout_s
+    settings = dispatcher.settings
+    deadline_s = inflight.arrival_s + settings.request_timeout_s
     try:
         while True:
+            wait_s = min(settings.progress_timeout_s, deadline_s - time.monotonic())
             try:  # asyncio.timeout, not wait_for: no task per chunk
-                async with asyncio.timeout(deadline):
+                async with asyncio.timeout(max(wait_s, 0.0)):
                     chunk = await inflight.chunks.get()
             except TimeoutError:
-                inflight.fail(f"no progress for {deadline:.0f} s")
+                inflight.fail(
+                    f"no progress for {settings.progress_timeout_s:.0f} s"
+                    if time.monotonic() < deadline_s
+                    else f"not finished after {settings.request_timeout_s:.0f} s"
+                )
                 chunk = await inflight.chunks.get()
             yield chunk
             if chunk.finish_reason is not None:

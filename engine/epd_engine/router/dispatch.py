@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 import h11
@@ -15,8 +16,8 @@ from epd_engine.errors import ClientError, ServiceUnavailable
 from epd_engine.metrics import Metrics
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
-from epd_engine.router.keepalive_client import KeepAliveClient
-from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
+from epd_engine.router.keepalive_client import Answer, KeepAliveClient
+from epd_engine.router.policy import InstanceLoad, LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
@@ -25,6 +26,9 @@ from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.trace import ImageRef, TraceRecord
 
 log = logging.getLogger(__name__)
+SUBMIT_BACKOFF_S = 0.05  # before trying the next instance, doubling per failed one
+SUBMIT_TIMEOUT_S = 60.0
+DOWN_CHECK_S = 0.25  # how often a pending submit checks its instance is still up
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Dispatcher:
     inflight: dict[str, InflightRequest] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
     events: EventRelay = field(init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.events = EventRelay(self.inflight)
@@ -82,14 +87,13 @@ class Dispatcher:
             if not request.path or request.path[-1] != target.pool:
                 request.path.append(target.pool)
             try:
-                response = await self.http.post_json(
-                    f"{target.url}/internal/requests",
-                    payload,
-                    headers={"X-EPD-Token": self.token},
-                    timeout_s=60.0,
-                )
+                response = await self._post_while_up(target, "/internal/requests", payload)
             except (OSError, TimeoutError, h11.ProtocolError) as exc:
                 log.warning("submit to %s failed: %r", target.url, exc)
+                if isinstance(exc, ConnectionRefusedError):  # nobody listens: down, now
+                    self.mark_down(target, "refused connections", keep=request)
+                # back off before the next instance: it may be going down the same way
+                await asyncio.sleep(min(SUBMIT_BACKOFF_S * 2 ** (len(tried) - 1), 1.0))
                 continue
             if 400 <= response.status_code < 500:
                 error = response.json().get("error", {})
@@ -102,6 +106,25 @@ class Dispatcher:
             self.registry.note_assigned(target.instance_id)
             request.prompt_info = response.json()
             return
+
+    async def _post_while_up(self, target: InstanceLoad, path: str, payload: object) -> Answer:
+        """POST to an instance, given up on as soon as the instance is marked down (a frozen
+        instance once held every submit to it for the whole 60 s timeout)."""
+        post = asyncio.ensure_future(
+            self.http.post_json(
+                f"{target.url}{path}",
+                payload,
+                headers={"X-EPD-Token": self.token},
+                timeout_s=SUBMIT_TIMEOUT_S,
+            )
+        )
+        while True:
+            done, _ = await asyncio.wait({post}, timeout=DOWN_CHECK_S)
+            if done:
+                return post.result()
+            if self.registry.get(target.instance_id) is None:
+                post.cancel()
+                raise ConnectionError(f"{target.instance_id} was marked down")
 
     async def retry(self, router_request_id: str, attempt: int, reason: str) -> None:
         request = self.inflight.get(router_request_id)
@@ -122,16 +145,58 @@ class Dispatcher:
         while True:
             await asyncio.sleep(interval_s)
             for dead in self.registry.expire():
-                log.warning("instance %s (%s) stopped answering", dead.instance_id, dead.pool)
-                for request in list(self.inflight.values()):
-                    if request.holder == dead.instance_id and not request.finished:
-                        await self.retry(
-                            request.router_request_id, request.attempt, f"{dead.pool} died"
-                        )
+                self.mark_down(dead, "stopped answering")
+
+    def mark_down(
+        self, instance: InstanceLoad, why: str, keep: InflightRequest | None = None
+    ) -> None:
+        """Take an instance out of routing (a heartbeat brings it back) and re-route what it
+        held; ``keep``: a request the caller is placing itself."""
+        log.warning("instance %s (%s) %s: marked down", instance.instance_id, instance.pool, why)
+        self.registry.remove(instance.instance_id)
+        for request in list(self.inflight.values()):
+            if request is keep or request.finished or request.holder != instance.instance_id:
+                continue
+            reason = f"{instance.pool} instance {instance.instance_id} {why}"
+            self._spawn(self.retry(request.router_request_id, request.attempt, reason))
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(self._logged(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _logged(work: Coroutine[object, object, None]) -> None:
+        # a bug in one re-route or abort must not end the loop that started it
+        try:
+            await work
+        except Exception:
+            log.exception("router background task failed")
+
+    def abort_everywhere(self, request: InflightRequest) -> None:
+        """Tell every instance the request visited to stop it and free its pages (the one
+        holding it now may not have said so yet)."""
+        for instance_id in dict.fromkeys([*request.instances, request.holder]):
+            load = self.registry.get(instance_id or "")
+            if load is not None:
+                self._spawn(self._abort_at(load, request))
+
+    async def _abort_at(self, load: InstanceLoad, request: InflightRequest) -> None:
+        try:
+            await self.http.post_json(
+                f"{load.url}/internal/requests/{request.router_request_id}/abort",
+                {"attempt": request.attempt},
+                headers={"X-EPD-Token": self.token},
+                timeout_s=5.0,
+            )
+        except (OSError, TimeoutError, h11.ProtocolError) as exc:
+            log.warning("abort of %s at %s failed: %r", request.router_request_id, load.url, exc)
 
     def finish(self, request: InflightRequest, outcome: str) -> None:
         """Record metrics and the trace line of a request that is over."""
         self.inflight.pop(request.router_request_id, None)
+        if outcome != "success":  # its client left or it failed: nobody should work on it
+            self.abort_everywhere(request)
         m = self.metrics
         labels = m.labels
         m.requests.labels(**labels, outcome=outcome).inc()

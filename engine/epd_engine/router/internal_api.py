@@ -11,8 +11,8 @@ from starlette.requests import ClientDisconnect
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.policy import InstanceLoad
+from epd_engine.server.auth import require_member, require_token
 from epd_engine.server.event_stream import SESSION_HEADER
-from epd_engine.server.internal_api import require_token
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
 
@@ -22,14 +22,14 @@ def _dispatcher(request: Request) -> Dispatcher:
     return dispatcher
 
 
-@router.post("/instances/heartbeat")
+@router.post("/instances/heartbeat", dependencies=[Depends(require_member)])
 async def heartbeat(beat: InstanceLoad, request: Request) -> dict[str, object]:
     registry = _dispatcher(request).registry
     registry.heartbeat(beat)
     return {"instances": [i.to_json() for i in registry.active()]}
 
 
-@router.post("/event-stream")
+@router.post("/event-stream", dependencies=[Depends(require_member)])
 async def event_stream(
     request: Request, session: str = Header(alias=SESSION_HEADER)
 ) -> dict[str, int]:

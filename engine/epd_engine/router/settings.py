@@ -19,7 +19,11 @@ class RouterSettings(BaseModel):
     slo_tpot_s: float = Field(default=0.08, gt=0)
     instance_timeout_s: float = Field(default=3.0, gt=0, description="drop after this silence")
     max_attempts: int = Field(default=3, ge=1, description="paths tried per request")
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0, description="whole request")
+    progress_timeout_s: float = Field(
+        default=60.0, gt=0, description="fail a request with no event from its holder this long"
+    )
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="body, 413")
     trace_dir: Path | None = None
     trace_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     trace_max_files: int = Field(default=4, ge=1)

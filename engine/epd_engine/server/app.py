@@ -19,6 +19,7 @@ from epd_engine.processor import InputProcessor
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.server import health, internal_api, openai_api
 from epd_engine.server.errors import install_error_handlers
+from epd_engine.server.limits import BodySizeLimit
 from epd_engine.server.migration import MigrationManager
 from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
@@ -140,8 +141,16 @@ def create_app(settings: ServerSettings) -> FastAPI:
                     await state.migration.close()
                 async_engine.stop()
 
-    app = FastAPI(title="EPD engine instance", lifespan=lifespan)
+    # no generated API docs: they listed every internal route and its schema to anyone
+    app = FastAPI(
+        title="EPD engine instance",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
     app.include_router(openai_api.router)
     app.include_router(health.router)
     app.include_router(internal_api.router)

@@ -9,24 +9,26 @@ import httpx
 
 from epd_engine.config import EngineConfig
 from epd_engine.errors import ClientError
-from epd_engine.images import LoadedImage, decode_data_url, load_image
+from epd_engine.images import ImageLimits, LoadedImage, decode_data_url, load_image, probe
 from epd_engine.processor import InputProcessor, PreparedPrompt
+from epd_engine.remote_images import RemoteImagePolicy, fetch_image
 from epd_engine.sampling import SamplingParams
 from epd_engine.server.completions import CompletionRequest, prepare_completion
 from epd_engine.server.protocol import ChatCompletionRequest, ImagePart
+from epd_engine.server.validation import (
+    check_chat_request,
+    check_completion_request,
+    check_prompt_chars,
+    check_prompt_tokens,
+    prompt_token_limit,
+)
 
 
-async def fetch_image_bytes(url: str, http: httpx.AsyncClient, max_bytes: int) -> bytes:
+async def fetch_image_bytes(url: str, http: httpx.AsyncClient, config: EngineConfig) -> bytes:
     if url.startswith("data:"):
-        return decode_data_url(url, max_bytes)
-    if not url.startswith(("http://", "https://")):
-        raise ClientError("image_url must be a data: or http(s) URL", param="image_url")
-    try:
-        response = await http.get(url, timeout=10.0)
-        response.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ClientError(f"cannot fetch image {url}: {exc}", param="image_url") from exc
-    return response.content
+        return decode_data_url(url, config.max_image_bytes)
+    policy = RemoteImagePolicy(config.remote_image_hosts, config.max_image_bytes)
+    return await fetch_image(url, policy, http)
 
 
 async def load_images(
@@ -41,8 +43,17 @@ async def load_images(
     urls = [
         p.image_url.url for m in request.messages for p in m.parts() if isinstance(p, ImagePart)
     ]
-    blobs = [await fetch_image_bytes(u, http, config.max_image_bytes) for u in urls]
-    return [load_image(b, config.max_image_bytes) for b in blobs]
+    limits = ImageLimits(config.max_image_bytes, config.max_image_pixels, config.max_request_pixels)
+    blobs = [await fetch_image_bytes(u, http, config) for u in urls]
+    # headers first: the request's total is refused before any image is decoded
+    sizes = [probe(b, limits) for b in blobs]
+    total = sum(w * h for w, h in sizes)
+    if total > limits.max_request_pixels:
+        raise ClientError(
+            f"the request's images have {total} pixels; at most {limits.max_request_pixels}",
+            param="messages",
+        )
+    return await asyncio.to_thread(lambda: [load_image(b, limits) for b in blobs])
 
 
 def hf_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -95,10 +106,17 @@ async def prepare(
     config: EngineConfig,
     max_model_len: int,
 ) -> tuple[PreparedPrompt, SamplingParams]:
+    max_prompt_tokens = prompt_token_limit(config.max_prompt_tokens, max_model_len)
     if isinstance(request, CompletionRequest):
+        check_completion_request(request, max_prompt_tokens)
         prompt = await asyncio.to_thread(prepare_completion, request, processor)
+        check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)
         return prompt, sampling_params(request, len(prompt.token_ids), max_model_len)
+    check_chat_request(request)
+    check_prompt_chars(request, max_prompt_tokens)
     images = await load_images(request, http, config)
     prompt = await asyncio.to_thread(processor.prepare, hf_messages(request), images)
+    if config.max_prompt_tokens is not None:  # else the context window check below says it
+        check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)
     params = sampling_params(request, len(prompt.token_ids), max_model_len)
     return prompt, params

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from epd_engine.async_engine import Stream
-from epd_engine.config import internal_token
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.errors import ClientError
+from epd_engine.server.auth import require_token
 from epd_engine.server.chat import prepare
 from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest
@@ -20,21 +19,9 @@ from epd_engine.transfer.backend import TransferError
 from epd_engine.transfer.messages import MigrationOffer, Routing
 
 
-class Forbidden(ClientError):
-    status_code = 403
-    error_type = "permission_error"
-
-
 class NotFound(ClientError):
     status_code = 404
     error_type = "not_found_error"
-
-
-async def require_token(x_epd_token: str = Header(default="")) -> None:
-    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a GIL hand-off
-    # that cost milliseconds per internal request next to a busy engine thread
-    if not hmac.compare_digest(x_epd_token, internal_token()):
-        raise Forbidden("internal endpoint: missing or wrong X-EPD-Token")
 
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
@@ -96,6 +83,33 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
             for i in prompt.images
         ],
     }
+
+
+class AbortRequest(BaseModel):
+    attempt: int
+
+
+@router.post("/requests/{router_request_id}/abort")
+async def abort(router_request_id: str, body: AbortRequest, request: Request) -> dict[str, bool]:
+    """The router's client went away (or gave up): stop the request and free its pages now
+    (they once stayed held until the request ran to its end)."""
+    state = _state(request)
+    request_id = f"{router_request_id}-{body.attempt}"
+    engine = state.engine
+
+    def stop() -> bool:
+        if request_id not in engine.streams:
+            return False
+        engine.abort(request_id)
+        return True
+
+    held = bool(await engine.call_async(stop))
+    if state.migration is not None and request_id in state.migration.handed_to:
+        state.migration.release(request_id)  # pages parked for a target that need not pull
+        held = True
+    if held:
+        state.metrics.requests.labels(**state.metrics.labels, outcome="aborted").inc()
+    return {"aborted": held}
 
 
 @router.post("/migrations")

@@ -30,6 +30,7 @@ from epd_engine.server.protocol import (
 )
 from epd_engine.server.state import InstanceState
 from epd_engine.server.streaming import ChunkWriter, Kind
+from epd_engine.server.validation import check_role_serves
 
 router = APIRouter()
 Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
@@ -103,6 +104,7 @@ async def _serve(
         )
     if not state.ready:
         raise ClientError("server is starting", code="not_ready")
+    check_role_serves(state.config.role, body.num_images() > 0)
     timer = _Timer(state)
     prompt, params = await prepare(
         body, state.processor, state.http, state.config, state.engine.engine.max_model_len

@@ -48,7 +48,8 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # extras are kept so server/validation.py can refuse what we do not implement by name
+    model_config = ConfigDict(extra="allow")
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)

@@ -14,6 +14,7 @@ import httpx
 from epd_engine.async_engine import RequestOutput
 from epd_engine.engine import LLMEngine
 from epd_engine.router.policy import InstanceLoad
+from epd_engine.server.auth import TOKEN_HEADER, internal_headers
 from epd_engine.server.event_stream import EventStream
 from epd_engine.transfer.messages import Routing
 
@@ -32,7 +33,7 @@ class RouterLink:
         self.router_url = router_url.rstrip("/")
         self.identity = identity
         self.http = http
-        self.headers = {"X-EPD-Token": token}
+        self.headers = {**internal_headers(), TOKEN_HEADER: token}
         self.heartbeat_s = heartbeat_s
         self.instances: list[InstanceLoad] = []
         self.events = EventStream(f"{self.router_url}/internal/event-stream", self.headers)

@@ -32,6 +32,8 @@ def local_system(
     instance_timeout_s: float = 3.0,
     transfer_backend: str = "auto",
     engine_args: tuple[str, ...] = (),
+    progress_timeout_s: float = 60.0,
+    supervised: bool = False,
 ) -> Iterator[LocalSystem]:
     spec = LaunchSpec(
         name="test",
@@ -43,11 +45,14 @@ def local_system(
         engine_args=[*ENGINE_ARGS, "--transfer-backend", transfer_backend, *engine_args],
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
+        progress_timeout_s=progress_timeout_s,
     )
     system = LocalSystem(spec)
     system.start()
     try:
         system.wait_ready(timeout_s=240)
+        if supervised:  # crashed children come back, as under `epdctl up`
+            system.supervise_in_background()
         yield system
     finally:
         system.stop()

@@ -20,8 +20,10 @@ from tests.processes import free_port
 
 
 @asynccontextmanager
-async def live_router(port: int | None = None) -> AsyncIterator[tuple[str, FastAPI]]:
-    app = create_app(RouterSettings(model="tiny-llava"))
+async def live_router(
+    port: int | None = None, **settings: object
+) -> AsyncIterator[tuple[str, FastAPI]]:
+    app = create_app(RouterSettings(model="tiny-llava", **settings))  # type: ignore[arg-type]
     port = port or free_port()
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
@@ -103,3 +105,44 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write(data)
             await writer.drain()
     writer.transport.abort()  # one side gone: the other goes too, as a reset
+
+
+class SilentInstance:
+    """Stands in for an engine instance that takes requests and then never says anything
+    (a frozen process): answers every POST with 200 and records its path. A real instance
+    cannot be made to freeze at a chosen point from inside a test."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.paths: list[str] = []
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> SilentInstance:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.paths.append(head.split(b" ")[1].decode())
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                body = b'{"request_id": "r", "prompt_tokens": 1, "images": []}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()

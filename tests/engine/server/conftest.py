@@ -18,6 +18,8 @@ def instance_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         "--port", str(port), "--token-budget", "256", "--image-budget", "4",
         "--num-kv-blocks", "128", "--num-image-blocks", "8", "--max-num-running", "8",
         "--max-images-per-request", "3", "--max-image-bytes", "300000", "--max-model-len", "512",
+        "--max-request-bytes", "2000000", "--max-image-pixels", "250000",
+        "--max-request-pixels", "400000",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with running(args, f"{url}/health/ready", log):
