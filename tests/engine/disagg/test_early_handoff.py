@@ -24,13 +24,12 @@ from tests.engine.disagg.workload import CASES, run_all
 pytestmark = pytest.mark.slow
 
 LAYER_DELAY_S = 0.2
+INTERNAL = {"X-EPD-Token": internal_token()}
 
 
 def groups_pulled(router_url: str, role: str) -> dict[str, float]:
     """``epd_kv_groups_pulled_total`` summed over the instances of ``role``, by overlap."""
-    pools = httpx.get(
-        f"{router_url}/internal/pools", headers={"X-EPD-Token": internal_token()}
-    ).json()["pools"]
+    pools = httpx.get(f"{router_url}/internal/pools", headers=INTERNAL).json()["pools"]
     counts = {"true": 0.0, "false": 0.0}
     for pool in pools.values():
         for instance in pool["instances"]:
@@ -58,7 +57,8 @@ def test_kv_layer_groups_move_while_prefill_runs(
     with local_system(tiny_model_dir, tmp_path, plan, env, engine_args=args) as system:
         outputs = asyncio.run(run_all(f"{system.spec.router_url}/v1"))
         counts = groups_pulled(system.spec.router_url, "D")
-        trace = parse_trace(httpx.get(f"{system.spec.router_url}/v1/trace").text.splitlines())
+        answer = httpx.get(f"{system.spec.router_url}/v1/trace", headers=INTERNAL)
+        trace = parse_trace(answer.text.splitlines())
 
     assert outputs == reference
     assert len(trace) == len(CASES)
