@@ -107,7 +107,12 @@ def register(subparsers: Any) -> None:
     add_input_args(parser)
     parser.add_argument("--gpus", type=int, required=True, help="GPU budget (one per instance)")
     parser.add_argument("--methods", help="comma-separated subset, e.g. E+P+D,EP+D (default all)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="relative goodput precision")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="relative goodput precision (the rate grid's step)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
