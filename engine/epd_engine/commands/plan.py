@@ -39,6 +39,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.gpus < 1:
         raise UserError(f"--gpus must be >= 1, got {args.gpus}")
+    if not 0 < args.tolerance < 1:
+        raise UserError(f"--tolerance must be in (0, 1), got {args.tolerance}")
     records, cost, slo = load_inputs(args)
     print(f"migrations over {link_label(cost)}")
     evaluator, exhaustive, heuristic = search_plans(
