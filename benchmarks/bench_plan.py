@@ -1,5 +1,11 @@
 """Plan-search benchmark (``make bench-plan``): exhaustive search speed and the heuristic's gap.
 
+``--mixed``: issue 19's mixed traffic (0-3 LLaVA images, prompts 20-600, outputs 10-300,
+Poisson 40 req/s, SLO 0.5 s / 40 ms) with several seeds, the search before (continuous
+bisection, the engine scheduler in the simulator) and after (rate grid, ``SimScheduler``) in
+one run, whether both chose the same plan, and a scaling table (``--scale-requests``,
+``--scale-gpus``). Timings on a shared host: read the ratios and the recorded load.
+
 For each scenario (a 2,000-request trace, SLOs, a GPU budget; the synthetic reference cost
 model of LLaVA-1.5-7B unless ``--cost-model`` is given) it runs
 
@@ -17,17 +23,38 @@ import argparse
 import json
 import os
 import platform
+import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.workloads import synthesize
+from epd_engine.bench.distributions import SizeChoice, Uniform
+from epd_engine.bench.workloads import WorkloadShape, synthesize
 from epd_engine.config import SLO
+from epd_engine.profiler import simulator
 from epd_engine.profiler.cost_model import load_cost_model
 from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import exhaustive_search, heuristic_search, table_rows
+from epd_engine.profiler.search_legacy import bisection_search
+from epd_engine.profiler.sim_instance import build_scheduler
+from epd_engine.scheduler import Scheduler
+from epd_engine.trace import TraceRecord
+
+MIXED = WorkloadShape(
+    "mixed",
+    "issue 19: 0-3 images, prompts 20-600, outputs 10-300",
+    "issue 19 (independent mixed trace)",
+    prompt_tokens=Uniform(20, 600),
+    output_tokens=Uniform(10, 300),
+    image_sizes=SizeChoice([(640, 480), (1024, 768), (336, 336)]),
+    images_per_request=Uniform(0, 3),
+)
+MIXED_SLO = SLO(ttft_s=0.5, tpot_s=0.04)
+MIXED_RATE_RPS = 40.0
 
 # (name, workload, ttft_s, tpot_s): HydraInfer's TextCaps under a tight TTFT, and EPD-Serve's
 # mixed VisualWebInstruct (half text-only, 64 tokens out) at its SLOs (2 s / 50 ms, 0.8 s / 30 ms).
@@ -38,10 +65,24 @@ SCENARIOS = {
 }
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the search's worker processes)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _timed(run: Any) -> tuple[Any, float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     result = run()
     return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _timed_all(run: Any) -> tuple[Any, float, float]:
+    """Like ``_timed``, with the workers' CPU counted (they are shut down inside ``run``)."""
+    wall, cpu = time.perf_counter(), _cpu_s()
+    result = run()
+    return result, time.perf_counter() - wall, _cpu_s() - cpu
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -101,6 +142,91 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def mixed_trace(num: int, seed: int) -> list[TraceRecord]:
+    return synthesize(MIXED, num, ArrivalSpec("poisson", MIXED_RATE_RPS), seed=seed)
+
+
+@contextmanager
+def engine_scheduler() -> Iterator[None]:
+    """The simulator as it was before: the engine's ``Scheduler``, payloads and all."""
+
+    def build(*args: Any) -> Scheduler:
+        fast = build_scheduler(*args)
+        return Scheduler(fast.role, fast.limits, fast.kv, fast.images)
+
+    simulator.build_scheduler = build  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        simulator.build_scheduler = build_scheduler
+
+
+def timed_search(
+    records: list[TraceRecord], gpus: int, args: argparse.Namespace, before: bool
+) -> dict[str, Any]:
+    evaluator = Evaluator(records, reference_cost_model(), MIXED_SLO, args.tolerance)
+    load = os.getloadavg()[0]
+    if before:
+        with engine_scheduler():
+            result, wall, cpu = _timed_all(
+                lambda: bisection_search(evaluator, gpus, num_workers=args.workers)
+            )
+    else:
+        result, wall, cpu = _timed_all(
+            lambda: exhaustive_search(
+                evaluator, gpus, show_progress=False, num_workers=args.workers
+            )
+        )
+    best = result.best
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s_with_workers": round(cpu, 2),
+        "num_simulations": result.num_simulations,
+        "num_pruned": result.num_pruned,
+        "num_candidates": result.num_candidates,
+        "best": best.candidate.describe() if best else None,
+        "goodput_rps": best.goodput_rps if best else 0.0,
+        "loadavg_1m_before": round(load, 2),
+    }
+
+
+def run_mixed(args: argparse.Namespace) -> dict[str, Any]:
+    """Before / after on seeded mixed traces, then the scaling table (after only)."""
+    comparisons = []
+    for gpus, num in [(8, 1000), (32, 2000)][: args.mixed_sizes]:
+        for seed in range(args.seeds):
+            records = mixed_trace(num, seed)
+            row: dict[str, Any] = {"gpus": gpus, "num_requests": num, "seed": seed}
+            row["after"] = timed_search(records, gpus, args, before=False)
+            if not args.skip_before:
+                row["before"] = timed_search(records, gpus, args, before=True)
+                row["speedup_wall"] = round(row["before"]["wall_s"] / row["after"]["wall_s"], 2)
+                row["same_plan"] = row["before"]["best"] == row["after"]["best"]
+            comparisons.append(row)
+            print(f"mixed {gpus} GPUs x {num} seed {seed}: {json.dumps(row)}", flush=True)
+    scaling = []
+    for gpus, num in [(8, n) for n in args.scale_requests] + [(g, 1000) for g in args.scale_gpus]:
+        row = {
+            "gpus": gpus,
+            "num_requests": num,
+            **timed_search(mixed_trace(num, 0), gpus, args, False),
+        }
+        scaling.append(row)
+        print(f"scaling: {json.dumps(row)}", flush=True)
+    return {
+        "workload": MIXED.summary,
+        "rate_rps": MIXED_RATE_RPS,
+        "slo": {"ttft_s": MIXED_SLO.ttft_s, "tpot_s": MIXED_SLO.tpot_s},
+        "goals_s": {"8x1000": 5, "32x2000": 20},
+        "comparisons": comparisons,
+        "scaling": scaling,
+    }
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=32)
@@ -111,7 +237,26 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     parser.add_argument("--cost-model", help="cost model JSON (default: synthetic reference)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/plan-search.json"))
+    parser.add_argument("--mixed", action="store_true", help="issue 19's mixed traces instead")
+    parser.add_argument("--seeds", type=int, default=3, help="mixed traces per size")
+    parser.add_argument("--mixed-sizes", type=int, default=2, help="1: 8x1000 only; 2: +32x2000")
+    parser.add_argument("--skip-before", action="store_true", help="no before/after comparison")
+    parser.add_argument("--scale-requests", type=_ints, default=[500, 1000, 2000, 4000, 8000])
+    parser.add_argument("--scale-gpus", type=_ints, default=[8, 16, 32, 64, 128])
     args = parser.parse_args()
+    if args.mixed:
+        report = {
+            "kind": "epd-bench-plan-mixed",
+            "version": 1,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "workers": args.workers,
+            **run_mixed(args),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"results: {args.out}")
+        return
     results = [run_scenario(s.strip(), args) for s in args.scenarios.split(",") if s.strip()]
     report = {
         "kind": "epd-bench-plan",

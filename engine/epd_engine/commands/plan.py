@@ -39,6 +39,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     if args.gpus < 1:
         raise UserError(f"--gpus must be >= 1, got {args.gpus}")
+    if not 0 < args.tolerance < 1:
+        raise UserError(f"--tolerance must be in (0, 1), got {args.tolerance}")
     records, cost, slo = load_inputs(args)
     print(f"migrations over {link_label(cost)}")
     evaluator, exhaustive, heuristic = search_plans(
@@ -107,7 +109,12 @@ def register(subparsers: Any) -> None:
     add_input_args(parser)
     parser.add_argument("--gpus", type=int, required=True, help="GPU budget (one per instance)")
     parser.add_argument("--methods", help="comma-separated subset, e.g. E+P+D,EP+D (default all)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="relative goodput precision")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="relative goodput precision (the rate grid's step)",
+    )
     parser.add_argument(
         "--workers",
         type=int,

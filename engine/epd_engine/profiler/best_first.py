@@ -125,8 +125,11 @@ class BestFirst:
         key = (self.grid.floor_index(evaluation.goodput_rps), -self.position[candidate])
         if self._best_key is None or key > self._best_key:
             self._best_key, self.best = key, evaluation
-            for other, bracket in self.active.items():  # a higher floor for the rest
+            for other, bracket in list(self.active.items()):  # a higher floor for the rest
                 bracket.floor = self.floor(other)
+                if bracket.settled:  # it cannot win any more: its simulations in flight are moot
+                    del self.active[other]
+                    self._settle(other, self._evaluation(other, bracket))
 
     def evaluations(self) -> list[Evaluation]:
         """Every candidate: settled ones as found, the rest pruned by their bound."""

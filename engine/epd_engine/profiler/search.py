@@ -1,12 +1,12 @@
 """Plan search: exhaustive over every method and ratio (pruned by a bound) and HydraInfer's
 heuristic, both scored by simulated goodput on the trace; a ranked table; the chosen Plan.
 
-Exhaustive, best-first: candidates are visited in order of their goodput bound
-(``bounds.goodput_bound``). The first is searched fully; each later one is first checked at
-the best goodput so far x (1 + tolerance) with an early-stopping simulation: failing there
-proves it cannot win (assuming attainment falls as rate grows), passing starts a full search
-from that rate. Once a bound is below that threshold, it and every later candidate are pruned.
-A candidate within the tolerance of the best can be missed; that is the price of the speed.
+Exhaustive, best-first on a shared rate grid (``best_first``, ``rate_grid``): candidates are
+visited in order of their goodput bound (``bounds.goodput_bound``); each is first simulated
+at its floor, the lowest grid rate at which it would beat the best so far, with an
+early-stopping simulation: failing there proves it cannot win; passing starts its search
+above the floor. Once a bound is under the floor, it and every later candidate are pruned.
+The chosen plan is the one simulating every candidate would choose (docs/planning.md).
 """
 
 from __future__ import annotations

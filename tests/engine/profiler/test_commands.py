@@ -103,6 +103,10 @@ def test_plan_writes_a_valid_plan_and_simulate_replays_it(
         (["simulate", "--workload", "textcaps", "--rate", "5", "--pools", "3Q"], "expected e.g."),
         (["simulate", "--workload", "textcaps", "--rate", "5"], "exactly one of --plan"),
         (["plan", "--workload", "textcaps", "--rate", "5", "--gpus", "0"], "--gpus must be"),
+        (  # a zero step made the rate grid raise a bare ValueError (a traceback, no flag named)
+            ["plan", "--workload", "textcaps", "--rate", "5", "--gpus", "2", "--tolerance", "0"],
+            "--tolerance must be",
+        ),
         (
             ["plan", "--workload", "textcaps", "--rate", "5", "--gpus", "2", "--methods", "X+Y"],
             "known:",
