@@ -39,10 +39,11 @@ class Role(enum.StrEnum):
 
     @property
     def stages(self) -> frozenset[Stage]:
-        return frozenset(_LETTER[c] for c in self.value)
+        # a table, not a new frozenset per call: the simulator asks millions of times
+        return _ROLE_STAGES[self]
 
     def runs(self, stage: Stage) -> bool:
-        return stage in self.stages
+        return stage in _ROLE_STAGES[self]
 
     @property
     def needs_vision(self) -> bool:
@@ -55,6 +56,9 @@ class Role(enum.StrEnum):
     @property
     def decodes(self) -> bool:
         return Stage.DECODE in self.stages
+
+
+_ROLE_STAGES = {role: frozenset(_LETTER[c] for c in role.value) for role in Role}
 
 
 class Method(enum.StrEnum):
