@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.config import Method
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
 from epd_engine.trace import ImageRef, TraceRecord, parse_trace
+from tests.engine.bench.peer_aiperf import AIPERF_VERSION, aiperf_bin, run_aiperf
 from tests.engine.disagg.systems import ENGINE_ARGS, plan_for
 
 pytestmark = pytest.mark.slow
@@ -187,3 +189,31 @@ def test_chunks_carry_nulls_fingerprint_and_continuous_usage(system: System) -> 
         assert counts == sorted(counts) and counts[-1] == 6
         assert all(e["usage"]["prompt_tokens"] == last["usage"]["prompt_tokens"] for e in running)
         body["stream_options"] = {"include_usage": True}
+
+
+def test_aiperf_runs_clean_and_agrees_with_the_routers_trace(
+    system: System, tmp_path: Path
+) -> None:
+    """The peer check: AIPerf (PyPI) drives the router with no errors, and its medians agree
+    with the router's own trace of the same requests. Tolerance: TTFT within 50 ms + 50% of
+    the router's (the client adds connection and parsing time on this shared machine), mean
+    inter-token latency within 10 ms + 50% (AIPerf measures client-side, where a chunk can
+    carry several tokens)."""
+    binary = aiperf_bin()
+    if binary is None:
+        pytest.skip(f"cannot install aiperf=={AIPERF_VERSION} (needs uv and PyPI)")
+    clock = float(httpx.get(f"{system.router}/v1/trace", timeout=10).headers["X-EPD-Trace-Clock-S"])
+    aggregate, records = run_aiperf(
+        binary, system.router, system.model_dir, tmp_path / "aiperf", requests=12, warmup=2
+    )
+    assert not aggregate.get("error_summary"), aggregate.get("error_summary")
+    assert aggregate["request_count"]["avg"] == 12 and len(records) == 12
+    assert all(r["metrics"]["usage_completion_tokens"]["value"] == 8 for r in records)
+    traced = sorted(router_trace(system, clock), key=lambda r: r.arrival_s)[2:]  # no warm-up
+    assert len(traced) == 12
+    peer_ttft = median(r["metrics"]["time_to_first_token"]["value"] / 1000 for r in records)
+    peer_itl = median(r["metrics"]["inter_token_latency"]["value"] / 1000 for r in records)
+    our_ttft = median(r.ttft_s or 0.0 for r in traced)
+    our_itl = median(sum(r.tpot_s) / len(r.tpot_s) for r in traced if isinstance(r.tpot_s, tuple))
+    assert abs(peer_ttft - our_ttft) <= 0.05 + 0.5 * our_ttft, (peer_ttft, our_ttft)
+    assert abs(peer_itl - our_itl) <= 0.01 + 0.5 * our_itl, (peer_itl, our_itl)
