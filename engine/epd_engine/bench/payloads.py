@@ -101,7 +101,12 @@ def chat_payload(
         text = prompts.text(
             record.prompt_tokens, seed, record.num_images, record.hash_ids or (), block_tokens
         )
-        expected = prompts.server_count(text, record.num_images) + record.image_tokens
+        # template mode: the trace's count is the intent; content mode: text + template
+        exact = prompts.mode == "template"
+        text_tokens = (
+            record.prompt_tokens if exact else prompts.server_count(text, record.num_images)
+        )
+        expected = text_tokens + record.image_tokens
     if record.text_only:
         return Payload([{"role": "user", "content": text}], expected)
     parts: list[dict[str, Any]] = [

@@ -31,7 +31,7 @@ _MAX_FIXES = 12
 
 
 class PromptLengthError(ValueError):
-    """A token count the template alone already exceeds, or one that cannot be hit exactly."""
+    """A tokenizer too poor in whole-word tokens to build prompts from."""
 
 
 def _word_ids(tokenizer: Any) -> list[int]:
@@ -127,17 +127,15 @@ class TokenExactPrompts:
         prefix_blocks: Sequence[int | str] = (),
         block_tokens: int = 512,
     ) -> str:
-        """A user text such that ``count(text, num_images) == num_tokens``.
+        """A user text such that ``count(text, num_images) == num_tokens`` (or as close as
+        possible: never below the template's own tokens).
 
         ``prefix_blocks`` start the text with shared blocks of ``block_tokens`` each (the last
         one cut short when the prompt ends inside it); only the unique tail is adjusted.
         """
-        budget = num_tokens - self.overhead(num_images)
-        if budget < 0:
-            raise PromptLengthError(
-                f"{num_tokens} prompt tokens asked, but the chat template alone takes "
-                f"{num_tokens - budget}; use --prompt-count content or longer prompts"
-            )
+        # A count below the template's own tokens cannot be hit: send the shortest prompt;
+        # the usage check reports the difference (a recorded trace never asks for that).
+        budget = max(0, num_tokens - self.overhead(num_images))
         prefix, used = "", 0
         for block in prefix_blocks:  # word tokens add up, so blocks never overshoot the budget
             take = min(block_tokens, budget - used)
@@ -147,15 +145,13 @@ class TokenExactPrompts:
             used += take
         rng = random.Random(seed)
         tail: list[int] = []
-        for _ in range(_MAX_FIXES):
+        for _ in range(_MAX_FIXES):  # best effort past that; the usage check reports a miss
             text = prefix + self.tokenizer.decode(tail)
             missing = num_tokens - self.count(text, num_images)
-            if missing == 0:
-                return text
             if missing > 0:
                 tail += rng.choices(self.words, k=missing)
-            elif len(tail) >= -missing:
-                del tail[missing:]
+            elif missing < 0 and tail:
+                del tail[max(0, len(tail) + missing) :]
             else:
                 break
-        raise PromptLengthError(f"cannot hit exactly {num_tokens} prompt tokens (seed {seed})")
+        return prefix + self.tokenizer.decode(tail)

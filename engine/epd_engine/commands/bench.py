@@ -10,7 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from epd_engine.cli import UserError
-from epd_engine.commands.trace import add_workload_args, generate_from_args, load_trace
+from epd_engine.commands.trace import (
+    add_format_arg,
+    add_workload_args,
+    generate_from_args,
+    load_trace,
+)
 
 
 def _rates(text: str) -> list[float]:
@@ -74,7 +79,7 @@ def _records(args: argparse.Namespace) -> list[Any]:
     if args.trace and args.workload:
         raise UserError("use either --trace or --workload, not both")
     if args.trace:
-        records = load_trace(args.trace)
+        records = load_trace(args.trace, args.format)
         if args.rate is not None:
             if args.rate <= 0:
                 raise UserError(f"--rate must be > 0, got {args.rate}")
@@ -294,7 +299,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--endpoint", help="base URL incl. /v1, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", help="model name (default: first from GET /v1/models)")
     parser.add_argument("--api-key", default="EMPTY")
-    parser.add_argument("--trace", help="JSONL trace to replay (DESIGN.md §4 format)")
+    parser.add_argument("--trace", help="trace to replay: ours (DESIGN.md §4), Mooncake-style "
+                        "JSONL, BurstGPT or Azure LLM inference CSV")  # fmt: skip
+    add_format_arg(parser)
     parser.add_argument("--num-limit", type=int, help="replay only the first N trace requests")
     add_workload_args(parser, required=False)
     slo = parser.add_argument_group("SLO (defaults: HydraInfer v2, LLaVA-1.5-7B)")

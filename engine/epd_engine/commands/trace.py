@@ -72,6 +72,15 @@ def _shape_from_args(args: argparse.Namespace) -> Any:
     )
 
 
+def add_format_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("auto", "epd", "mooncake", "burstgpt", "azure"),
+        default="auto",
+        help="trace file format (default: detected from the first line)",
+    )
+
+
 def generate_from_args(args: argparse.Namespace) -> list[Any]:
     """Build a trace from the workload flags; UserError on bad values."""
     from epd_engine.bench.arrivals import ArrivalSpec
@@ -95,11 +104,13 @@ def generate_from_args(args: argparse.Namespace) -> list[Any]:
         raise UserError(str(exc)) from exc
 
 
-def load_trace(path: str) -> list[Any]:
-    from epd_engine.trace import TraceFormatError, read_trace
+def load_trace(path: str, fmt: str = "auto") -> list[Any]:
+    """A trace in any supported format (``trace_formats.FORMATS``), or a clear error."""
+    from epd_engine.bench.trace_formats import read_any
+    from epd_engine.trace import TraceFormatError
 
     try:
-        records = read_trace(path)
+        records = read_any(path, fmt)
     except TraceFormatError as exc:
         raise UserError(str(exc)) from exc
     if not records:
@@ -119,7 +130,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from epd_engine.trace import summarize_trace
 
-    summary = summarize_trace(load_trace(args.trace))
+    summary = summarize_trace(load_trace(args.trace, args.format))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -171,6 +182,17 @@ def _split(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from epd_engine.bench.trace_formats import write_mooncake
+    from epd_engine.trace import write_trace
+
+    records = load_trace(args.trace, args.format)
+    write = write_mooncake if args.to == "mooncake" else write_trace
+    write(records, args.output)
+    print(f"wrote {len(records)} requests ({args.to}) to {args.output}")
+    return 0
+
+
 def _workloads(args: argparse.Namespace) -> int:
     from epd_engine.bench.workloads import describe_workloads
 
@@ -200,8 +222,18 @@ def register(subparsers: Any) -> None:
 
     show = sub.add_parser("show", help="summarize a trace (requests, rate, tokens, images)")
     show.add_argument("trace")
+    add_format_arg(show)
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=_show)
+
+    convert = sub.add_parser(
+        "convert", help="read Mooncake JSONL, BurstGPT or Azure CSV; write ours or Mooncake's"
+    )
+    convert.add_argument("trace")
+    add_format_arg(convert)
+    convert.add_argument("--to", choices=("epd", "mooncake"), default="epd")
+    convert.add_argument("-o", "--output", type=Path, required=True)
+    convert.set_defaults(func=_convert)
 
     scale = sub.add_parser("scale", help="replay a trace's arrival pattern at another rate")
     scale.add_argument("trace")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -108,3 +109,41 @@ def test_bench_sweep_and_plot_only_compare(fake_openai: FakeOpenAI, tmp_path: Pa
     assert {p.name for p in plots.iterdir()} == {
         "attainment_vs_rate.png", "latency_cdf.png", "stage_breakdown.png"
     }  # fmt: skip
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """Characters two texts share at their start."""
+    return sum(
+        1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(a, b, strict=False))
+    )
+
+
+def test_bench_concurrency_sweep_with_tokenizer_export_and_metrics(
+    tmp_path: Path,
+    fake_openai: FakeOpenAI,
+    tiny_model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Closed-loop sweep from a Mooncake trace with exact prompts: the report says how lengths
+    were built, keeps every level, and records the /metrics capture (the fake has none)."""
+    mooncake = Path(__file__).parents[2] / "data" / "mooncake_sample.jsonl"
+    out, rows = tmp_path / "r.json", tmp_path / "rows.jsonl"
+    args = ["bench", "--endpoint", fake_openai.url, "--model", "fake-model", "--trace",
+            str(mooncake), "--tokenizer", str(tiny_model_dir), "--prompt-count", "content",
+            "--concurrency", "1,2", "--warmup", "1", "--no-progress", "--out", str(out),
+            "--export-requests", str(rows)]  # fmt: skip
+    assert main(args) == 0
+    assert "exact token counts" in capsys.readouterr().out
+    report = load_report(out)
+    assert report["mode"] == "concurrency"
+    assert [p["concurrency"] for p in report["concurrency_points"]] == [1, 2]
+    assert report["workload"]["prompt_tokens"] == "exact"
+    assert report["workload"]["prompt_count"] == "content"
+    assert "error" in report["server_metrics"]["before"]  # the fake serves no /metrics
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert sorted({line["concurrency"] for line in lines}) == [1, 2] and len(lines) == 8
+    assert len(fake_openai.requests) == 2 * (1 + 4)  # warm-up + trace, per level
+    # hash_ids [0, 1] start the first and last request, [3] the third: 512-token blocks
+    texts = [r["messages"][0]["content"] for r in fake_openai.requests[1:5]]
+    assert shared_prefix(texts[0], texts[3]) > 1000
+    assert shared_prefix(texts[0], texts[2]) < 20
