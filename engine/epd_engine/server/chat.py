@@ -13,7 +13,7 @@ from epd_engine.images import ImageLimits, LoadedImage, decode_data_url, load_im
 from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.remote_images import RemoteImagePolicy, fetch_image
 from epd_engine.sampling import SamplingParams
-from epd_engine.server.completions import CompletionRequest, prepare_completion
+from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest, ImagePart
 from epd_engine.server.validation import (
     check_chat_request,
@@ -120,3 +120,26 @@ async def prepare(
         check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)
     params = sampling_params(request, len(prompt.token_ids), max_model_len)
     return prompt, params
+
+
+def prepare_completion(request: CompletionRequest, processor: InputProcessor) -> PreparedPrompt:
+    """Prompt token ids (tokenized, or checked against the vocabulary); no images."""
+    if request.echo:
+        raise ClientError("echo is not supported", param="echo")
+    prompt = request.single_prompt()
+    if isinstance(prompt, str):
+        token_ids: list[int] = processor.tokenizer.encode(prompt)
+    else:
+        vocab_size = len(processor.tokenizer)
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise ClientError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})",
+                param="prompt",
+            )
+        token_ids = list(prompt)
+    image_token = processor.model_config.image_token_index
+    if image_token in token_ids:
+        raise ClientError("completions are text only: the image token is not allowed",
+                          param="prompt")  # fmt: skip
+    return PreparedPrompt(token_ids, [], [])

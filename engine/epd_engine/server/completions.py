@@ -11,7 +11,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from epd_engine.errors import ClientError
-from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.server.protocol import SYSTEM_FINGERPRINT, StreamOptions, Usage
 
 
@@ -59,29 +58,6 @@ class CompletionRequest(BaseModel):
         if not prompt:
             raise ClientError("prompt is empty", param="prompt")
         return prompt  # type: ignore[return-value]
-
-
-def prepare_completion(request: CompletionRequest, processor: InputProcessor) -> PreparedPrompt:
-    """Prompt token ids (tokenized, or checked against the vocabulary); no images."""
-    if request.echo:
-        raise ClientError("echo is not supported", param="echo")
-    prompt = request.single_prompt()
-    if isinstance(prompt, str):
-        token_ids: list[int] = processor.tokenizer.encode(prompt)
-    else:
-        vocab_size = len(processor.tokenizer)
-        bad = [t for t in prompt if not 0 <= t < vocab_size]
-        if bad:
-            raise ClientError(
-                f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})",
-                param="prompt",
-            )
-        token_ids = list(prompt)
-    image_token = processor.model_config.image_token_index
-    if image_token in token_ids:
-        raise ClientError("completions are text only: the image token is not allowed",
-                          param="prompt")  # fmt: skip
-    return PreparedPrompt(token_ids, [], [])
 
 
 class CompletionChoice(BaseModel):
