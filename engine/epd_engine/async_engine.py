@@ -181,6 +181,10 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 for request_id in list(self.streams):
                     self.fail(request_id, "internal engine error")
+                # and those nobody listens to, or the next step fails the same way forever
+                scheduler = self.engine.scheduler
+                for request in [*scheduler.waiting, *scheduler.running]:
+                    self.engine.abort(request.request_id)
                 continue
             idle = stats.idle
             self.num_steps += 1

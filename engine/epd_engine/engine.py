@@ -177,6 +177,10 @@ class LLMEngine:
         return self.add(request, prompt.pixel_values)
 
     def add(self, request: Request, pixel_values: list[torch.Tensor] | None = None) -> Request:
+        if request.request_id in self.scheduler.requests and (
+            request.request_id not in self.scheduler.migrating  # a parked copy may come back
+        ):  # a second live copy would share (and lose) the first's params: the step failed
+            raise ValueError(f"request {request.request_id} is already running here")
         self.scheduler.add(request)  # raises ValueError when it can never fit
         self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []

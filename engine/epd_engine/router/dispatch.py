@@ -59,11 +59,24 @@ class Dispatcher:
         return request
 
     async def _submit(self, request: InflightRequest) -> None:
-        """Hand the request to the least-loaded instance of its entry stage."""
+        """Hand the request to the least-loaded instance of its entry stage. While this runs
+        the request is ``submitting``: a failed target is this loop's business, never a
+        second re-route's (two copies of one attempt once crashed an engine step)."""
+        request.submitting = True
+        try:
+            await self._submit_once(request)
+        finally:
+            request.submitting = False
+
+    async def _submit_once(self, request: InflightRequest) -> None:
         has_images = request.body.num_images() > 0
-        candidates = entry_candidates(self.registry.active(), has_images)
         tried: set[str] = set()
+        attempt = request.attempt
         while True:
+            if request.attempt != attempt or request.finished:
+                return  # re-routed or failed meanwhile: that path carries it now
+            # the registry now: instances marked down meanwhile are gone, new ones are in
+            candidates = entry_candidates(self.registry.active(), has_images)
             options = [c for c in candidates if c.instance_id not in tried]
             if not options:
                 stage = "encode" if has_images else "prefill"
@@ -156,6 +169,8 @@ class Dispatcher:
         self.registry.remove(instance.instance_id)
         for request in list(self.inflight.values()):
             if request is keep or request.finished or request.holder != instance.instance_id:
+                continue
+            if request.submitting:  # its submit loop moves on to another instance itself
                 continue
             reason = f"{instance.pool} instance {instance.instance_id} {why}"
             self._spawn(self.retry(request.router_request_id, request.attempt, reason))

@@ -27,6 +27,7 @@ class InflightRequest:
     arrival_s: float  # monotonic
     attempt: int = 0
     holder: str | None = None  # instance id that has it now
+    submitting: bool = False  # the dispatcher is handing it to an entry instance now
     path: list[str] = field(default_factory=list)
     instances: list[str] = field(default_factory=list)  # instance ids visited, in order
     token_ids: list[int] = field(default_factory=list)

@@ -119,3 +119,38 @@ async def test_a_departed_non_streaming_client_gets_its_request_aborted_too() ->
         while not any(p.endswith("/abort") for p in instance.paths):
             assert time.monotonic() < deadline, instance.paths
             await asyncio.sleep(0.02)
+
+
+async def test_a_request_whose_instance_goes_down_mid_submit_is_sent_on_once() -> None:
+    """The submit loop moved on to the next instance while the down-marking re-routed the
+    same request: two copies of one attempt reached the pools, and the decode instance's
+    step crashed on the duplicate ("internal engine error" for every request there)."""
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    frozen = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    frozen_url = f"http://127.0.0.1:{frozen.sockets[0].getsockname()[1]}"
+    async with (
+        live_router(instance_timeout_s=1.0) as (url, _),
+        SilentInstance() as healthy,
+        httpx.AsyncClient() as http,
+    ):
+        await register(http, url, "a-frozen", frozen_url)  # chosen first (ties go by id)
+
+        async def heartbeats() -> None:
+            while True:
+                await register(http, url, "b-healthy", healthy.url)
+                await asyncio.sleep(0.2)
+
+        beating = asyncio.create_task(heartbeats())
+        await asyncio.sleep(0.1)  # both registered
+        async with http.stream(
+            "POST", f"{url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
+        ) as response:
+            assert response.status_code == 200
+        await asyncio.sleep(0.5)
+        beating.cancel()
+        await asyncio.gather(beating, return_exceptions=True)
+    frozen.close()
+    assert healthy.paths.count("/internal/requests") == 1, healthy.paths
