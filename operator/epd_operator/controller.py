@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_operator import guardrails
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
@@ -241,6 +242,7 @@ def reconcile(
     kube.apply(r.render_router_service(owner))
     for pool_name in decision.delete:
         kube.delete_pool(namespace, pool_name)
+    guardrails.converge(kube, owner)  # network policies, disruption budgets
     for event in decision.events:
         post_event(event.type, event.reason, event.message)
 

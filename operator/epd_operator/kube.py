@@ -3,7 +3,8 @@
 Every call here is one the chart's RBAC grants (charts/epd-operator/templates/rbac.yaml):
 deployments (get/list/create/update/delete), services (get/create/update/delete),
 configmaps (get/create/update; get also reads ``spec.profiler.costModel``), secrets
-(get/create), pods (list, to explain unschedulable ones).
+(get/create), pods (list, to explain unschedulable, crash-looping, OOM-killed or image-less
+ones), networkpolicies and poddisruptionbudgets (get/list/create/update/delete).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
 
     # --- generic apply -----------------------------------------------------------------------
 
@@ -50,6 +53,16 @@ class Kube:
                 self.core.read_namespaced_config_map,
                 self.core.create_namespaced_config_map,
                 self.core.replace_namespaced_config_map,
+            ),
+            "NetworkPolicy": (
+                self.networking.read_namespaced_network_policy,
+                self.networking.create_namespaced_network_policy,
+                self.networking.replace_namespaced_network_policy,
+            ),
+            "PodDisruptionBudget": (
+                self.policy.read_namespaced_pod_disruption_budget,
+                self.policy.create_namespaced_pod_disruption_budget,
+                self.policy.replace_namespaced_pod_disruption_budget,
             ),
         }
         return ops[kind]
@@ -156,6 +169,33 @@ class Kube:
                 return False
             raise
         return dep.status is not None and (dep.status.available_replicas or 0) >= 1
+
+    def list_names(self, kind: str, namespace: str, selector: str) -> list[str]:
+        """Names of the Deployments, NetworkPolicies or PodDisruptionBudgets matching a label
+        selector, leaving out those being deleted."""
+        lister = {
+            "Deployment": self.apps.list_namespaced_deployment,
+            "NetworkPolicy": self.networking.list_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.list_namespaced_pod_disruption_budget,
+        }[kind]
+        items = lister(namespace, label_selector=selector).items
+        return sorted(
+            i.metadata.name
+            for i in items
+            if i.metadata is not None and i.metadata.deletion_timestamp is None
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a NetworkPolicy or PodDisruptionBudget; gone already is fine."""
+        delete = {
+            "NetworkPolicy": self.networking.delete_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
+        }[kind]
+        try:
+            delete(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     # --- deletion ----------------------------------------------------------------------------
 
