@@ -10,6 +10,7 @@ ones), networkpolicies and poddisruptionbudgets (get/list/create/update/delete).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -173,7 +174,7 @@ class Kube:
     def list_names(self, kind: str, namespace: str, selector: str) -> list[str]:
         """Names of the Deployments, NetworkPolicies or PodDisruptionBudgets matching a label
         selector, leaving out those being deleted."""
-        lister = {
+        lister: Callable[..., Any] = {
             "Deployment": self.apps.list_namespaced_deployment,
             "NetworkPolicy": self.networking.list_namespaced_network_policy,
             "PodDisruptionBudget": self.policy.list_namespaced_pod_disruption_budget,
@@ -187,7 +188,7 @@ class Kube:
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete a NetworkPolicy or PodDisruptionBudget; gone already is fine."""
-        delete = {
+        delete: Callable[..., Any] = {
             "NetworkPolicy": self.networking.delete_namespaced_network_policy,
             "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
         }[kind]
