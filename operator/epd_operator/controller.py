@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from epd_engine.profiler.cost_model import FittedCostModel
-from epd_operator import guardrails
+from epd_operator import guardrails, pod_health
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
@@ -249,12 +249,9 @@ def reconcile(
     ready = sum(
         1 for p in decision.pools if p.name in {d.name for d in desired} and p.ready >= p.desired
     )
-    conditions = merge_conditions(
-        status.conditions,
-        {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()},
-        generation,
-        now,
-    )
+    decided = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
+    decided = pod_health.report(kube, owner, decided, status.conditions, post_event)
+    conditions = merge_conditions(status.conditions, decided, generation, now)
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,
