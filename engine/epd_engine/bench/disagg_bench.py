@@ -30,7 +30,7 @@ import httpx
 from epd_engine.bench.driver import DriverConfig, Messages, prepare_messages, run_trace
 from epd_engine.bench.metrics import LatencyStats, RequestResult, summarize
 from epd_engine.bench.workloads import WorkloadShape, generate, random_mm
-from epd_engine.config import Method
+from epd_engine.config import Method, internal_token
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
 from epd_engine.plan import Budgets, Plan
 from epd_engine.trace import TraceRecord, parse_trace
@@ -180,7 +180,8 @@ def stage_means(records: Sequence[TraceRecord]) -> dict[str, float]:
 
 
 def router_trace(router_url: str) -> list[TraceRecord]:
-    response = httpx.get(f"{router_url}/v1/trace", timeout=30)
+    headers = {"X-EPD-Token": internal_token()}  # the router's children share our token
+    response = httpx.get(f"{router_url}/v1/trace", headers=headers, timeout=30)
     response.raise_for_status()
     return parse_trace(response.text.splitlines(), f"{router_url}/v1/trace")
 

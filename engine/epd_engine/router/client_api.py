@@ -6,12 +6,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from epd_engine.errors import ModelNotFound
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import ClientChunk, InflightRequest
+from epd_engine.server.internal_api import require_token
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionChunk,
@@ -46,7 +47,9 @@ async def list_models(request: Request) -> dict[str, object]:
 TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
 
 
-@router.get("/v1/trace")
+# The trace shows every request's shape and timing: internal (X-EPD-Token), though it is
+# served on the public port, which clients and internal callers share.
+@router.get("/v1/trace", dependencies=[Depends(require_token)])
 async def trace(
     request: Request, since: float = 0.0, last: float | None = None
 ) -> StreamingResponse:

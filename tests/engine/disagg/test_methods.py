@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epd_engine.config import Method, Stage
+from epd_engine.config import Method, Stage, internal_token
 from epd_engine.trace import parse_trace
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.disagg.workload import CASES, run_all
@@ -76,7 +76,8 @@ def test_method_outputs_match_single_epd_instance(
     assert outputs == reference
     assert all(reference.values())
 
-    records = parse_trace(httpx.get(f"{url}/v1/trace").text.splitlines())
+    trace = httpx.get(f"{url}/v1/trace", headers={"X-EPD-Token": internal_token()})
+    records = parse_trace(trace.text.splitlines())
     assert len(records) == len(CASES)
     for record in records:
         assert record.path, record
