@@ -75,9 +75,15 @@ k8s-test: venv cluster-bins ## End-to-end operator tests against the local contr
 helm-lint: cluster-bins ## helm lint --strict the operator chart
 	.build/bin/helm lint --strict charts/epd-operator
 
-images: ## Build the engine and operator images with Docker (tag $(IMAGE_TAG))
-	docker build -f docker/engine.Dockerfile -t epd-engine:$(IMAGE_TAG) .
-	docker build -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .
+BASE_IMAGE ?= python:3.12-slim
+BUILDAH_STORAGE ?= vfs
+
+images: ## Build the engine and operator images (docker if its daemon answers, else buildah; BASE_IMAGE=...)
+	@if docker info >/dev/null 2>&1; then build="docker build"; \
+	else build="buildah --storage-driver $(BUILDAH_STORAGE) build --isolation chroot"; fi; \
+	set -x; \
+	$$build --build-arg BASE=$(BASE_IMAGE) -f docker/engine.Dockerfile -t epd-engine:$(IMAGE_TAG) . && \
+	$$build --build-arg BASE=$(BASE_IMAGE) -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .
 
 kind-up: images ## Docker users: kind cluster + images + helm install + the tiny CPU example
 	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)

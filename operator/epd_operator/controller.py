@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from epd_engine.plan import Plan
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_operator import guardrails, pod_health
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
@@ -276,15 +277,17 @@ def reconcile(
     kube.apply(r.render_configmap(owner, plan, sorted(outcome.state.active_pools)))
     kube.apply(r.render_router_deployment(owner))
     kube.apply(r.render_router_service(owner))
+    guardrails.converge(kube, owner)  # network policies, disruption budgets
 
     ready = sum(
         1 for p in decision.pools if p.name in {d.name for d in desired} and p.ready >= p.desired
     )
-    new_conditions = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
+    decided = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
+    decided = pod_health.report(kube, owner, decided, status.conditions, post_event)
     planned = _planned_condition(spec, status.conditions, choice.note)
     if planned is not None:
-        new_conditions[PLANNED] = planned
-    conditions = merge_conditions(status.conditions, new_conditions, generation, now)
+        decided[PLANNED] = planned
+    conditions = merge_conditions(status.conditions, decided, generation, now)
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,

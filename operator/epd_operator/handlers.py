@@ -1,8 +1,9 @@
 """Thin kopf handlers: ``kopf run -m epd_operator.handlers --all-namespaces --standalone``.
 
 One level-triggered timer per EPDDeployment calls ``controller.reconcile`` (which re-reads the
-cluster each time) and writes the status it returns. Handlers never sleep: API errors become
-``kopf.TemporaryError`` and the timer comes back.
+cluster each time) and writes the status it returns. Handlers never sleep: transient API
+errors become ``kopf.TemporaryError`` and the timer comes back; errors a retry cannot fix
+(400, 403, 422) become a Degraded condition (``api_errors.py``) until the next pass.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import kopf
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
+from epd_operator import api_errors
 from epd_operator.controller import reconcile
 from epd_operator.kube import Kube
 from epd_operator.settings import OperatorSettings
@@ -66,6 +68,7 @@ def reconcile_timer(
     def post_event(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)
 
+    raw_status = {k: v for k, v in status.items() if k != "kopf"}
     try:
         new_status = reconcile(
             _client(),
@@ -74,7 +77,7 @@ def reconcile_timer(
             uid=uid,
             generation=int(meta.get("generation", 0)),
             raw_spec=dict(spec),
-            raw_status={k: v for k, v in status.items() if k != "kopf"},
+            raw_status=raw_status,
             post_event=post_event,
             router_timeout_s=SETTINGS.router_timeout_s,
             plan_timeout_s=SETTINGS.plan_timeout_s,
@@ -82,5 +85,8 @@ def reconcile_timer(
             router_urls=SETTINGS.router_urls,
         )
     except ApiException as exc:
-        raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+        if api_errors.reason_of(exc) is None:
+            raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
+        generation = int(meta.get("generation", 0))
+        new_status = api_errors.report(raw_status, exc, generation, post_event)
     patch.status.update(new_status)

@@ -3,12 +3,14 @@
 Every call here is one the chart's RBAC grants (charts/epd-operator/templates/rbac.yaml):
 deployments (get/list/create/update/delete), services (get/create/update/delete),
 configmaps (get/create/update; get also reads ``spec.profiler.costModel``), secrets
-(get/create), pods (list, to explain unschedulable ones).
+(get/create), pods (list, to explain unschedulable, crash-looping, OOM-killed or image-less
+ones), networkpolicies and poddisruptionbudgets (get/list/create/update/delete).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -31,6 +33,8 @@ class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
 
     # --- generic apply -----------------------------------------------------------------------
 
@@ -50,6 +54,16 @@ class Kube:
                 self.core.read_namespaced_config_map,
                 self.core.create_namespaced_config_map,
                 self.core.replace_namespaced_config_map,
+            ),
+            "NetworkPolicy": (
+                self.networking.read_namespaced_network_policy,
+                self.networking.create_namespaced_network_policy,
+                self.networking.replace_namespaced_network_policy,
+            ),
+            "PodDisruptionBudget": (
+                self.policy.read_namespaced_pod_disruption_budget,
+                self.policy.create_namespaced_pod_disruption_budget,
+                self.policy.replace_namespaced_pod_disruption_budget,
             ),
         }
         return ops[kind]
@@ -170,6 +184,33 @@ class Kube:
             and pod.status.phase == "Running"
             and (pod.metadata is None or pod.metadata.deletion_timestamp is None)
         )
+
+    def list_names(self, kind: str, namespace: str, selector: str) -> list[str]:
+        """Names of the Deployments, NetworkPolicies or PodDisruptionBudgets matching a label
+        selector, leaving out those being deleted."""
+        lister: Callable[..., Any] = {
+            "Deployment": self.apps.list_namespaced_deployment,
+            "NetworkPolicy": self.networking.list_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.list_namespaced_pod_disruption_budget,
+        }[kind]
+        items = lister(namespace, label_selector=selector).items
+        return sorted(
+            i.metadata.name
+            for i in items
+            if i.metadata is not None and i.metadata.deletion_timestamp is None
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a NetworkPolicy or PodDisruptionBudget; gone already is fine."""
+        delete: Callable[..., Any] = {
+            "NetworkPolicy": self.networking.delete_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
+        }[kind]
+        try:
+            delete(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     # --- deletion ----------------------------------------------------------------------------
 

@@ -8,6 +8,13 @@ Nothing here talks to the API server. Child names are deterministic:
   everything that shapes the pool's pods (role, replicas, model, engine settings, SLOs). A pool
   whose inputs do not change keeps its name across plans and is left alone by a rollout; a
   changed pool is a new name, so it is brought up next to the old one (blue/green per pool).
+- ``<name>-engine`` and ``<name>-router`` NetworkPolicies, a PodDisruptionBudget per pool
+  (named like it) and ``<name>-router`` for the router (kept in step by ``guardrails.py``).
+
+Engine and router pods run non-root with every capability dropped, no privilege escalation,
+the runtime's default seccomp profile and a read-only root filesystem (``/tmp`` and
+``/dev/shm`` are emptyDirs, ``HOME`` points into ``/tmp``); resources a spec leaves out get
+the defaults below, so no pod is BestEffort.
 """
 
 from __future__ import annotations
@@ -28,7 +35,20 @@ LABEL_DEPLOYMENT = "epd.serving.dev/deployment"
 LABEL_POOL = "epd.serving.dev/pool"
 LABEL_ROLE = "epd.serving.dev/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ANNOTATION_HASH = "epd.serving.dev/spec-hash"
+RUN_AS_USER = 10001  # the images' user (docker/*.Dockerfile)
+TMP_DIR = "/tmp"
+# Requests only for the engine (a checkpoint's host memory varies too much for a default
+# limit); the router is small, so it also gets a memory limit.
+DEFAULT_ENGINE_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "1", "memory": "2Gi"},
+    "limits": {},
+}
+DEFAULT_ROUTER_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "2Gi"},
+}
 MAX_NAME_PREFIX = 40  # leaves room for "-router", "-epd-<hash8>" within a 63-char DNS label
 
 Manifest = dict[str, Any]
@@ -273,12 +293,49 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
     return args + list(engine.extra_args)
 
 
-def _resources(owner: Owner, gpus: int, requests: dict, limits: dict) -> dict[str, Any]:
-    out = {"requests": dict(requests), "limits": dict(limits)}
+def _resources(
+    owner: Owner, gpus: int, requests: dict, limits: dict, defaults: dict[str, dict[str, str]]
+) -> dict[str, Any]:
+    """The spec's requests and limits over ``defaults`` (a name the spec sets wins)."""
+    out = {
+        "requests": {**defaults["requests"], **requests},
+        "limits": {**defaults["limits"], **limits},
+    }
+    # A default request above the user's limit would be rejected (request > limit): drop it.
+    for name in limits:
+        if name not in requests and name in defaults["requests"]:
+            del out["requests"][name]
     if gpus > 0:
         out["requests"][owner.spec.gpu_resource_name] = str(gpus)
         out["limits"][owner.spec.gpu_resource_name] = str(gpus)
     return {k: v for k, v in out.items() if v}
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,  # emptyDir and PVC model volumes writable by the user
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _writable_tmp() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(volume, mount, env): with a read-only root, caches (torch, HF, matplotlib) go to /tmp."""
+    env = [
+        {"name": "HOME", "value": TMP_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{TMP_DIR}/.cache"},
+    ]
+    return {"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": TMP_DIR}, env
 
 
 def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
@@ -294,26 +351,42 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
     engine = owner.spec.engine
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
     selector = pool_selector(owner, pool)
+    tmp_volume, tmp_mount, tmp_env = _writable_tmp()
     container = {
         "name": "engine",
         "image": engine.image,
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["epdctl"],
         "args": engine_args(owner, pool, plan),
-        "env": [_token_env(owner), *_pod_identity_env()],
+        "env": [_token_env(owner), *_pod_identity_env(), *tmp_env],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "readinessProbe": _probe("/health/ready", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),
         # Loading weights and the start-up budget search can take minutes on real checkpoints.
         "startupProbe": _probe("/health/live", 10, 90),
         "resources": _resources(
-            owner, pool.gpus_per_instance, engine.resources.requests, engine.resources.limits
+            owner,
+            pool.gpus_per_instance,
+            engine.resources.requests,
+            engine.resources.limits,
+            DEFAULT_ENGINE_RESOURCES,
         ),
-        "volumeMounts": [_model_mount(owner), {"name": "shm", "mountPath": "/dev/shm"}],
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            _model_mount(owner),
+            {"name": "shm", "mountPath": "/dev/shm"},
+            tmp_mount,
+        ],
     }
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,  # engines never call the API server
         "containers": [container],
-        "volumes": [_model_volume(owner), {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            _model_volume(owner),
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            tmp_volume,
+        ],
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
     }
@@ -367,6 +440,7 @@ def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
 def render_router_deployment(owner: Owner) -> Manifest:
     router = owner.spec.router
     image = router.image or owner.spec.engine.image
+    tmp_volume, tmp_mount, tmp_env = _writable_tmp()
     config_path = f"{ROUTER_CONFIG_DIR}/router.json"
     container = {
         "name": "router",
@@ -382,14 +456,20 @@ def render_router_deployment(owner: Owner) -> Manifest:
             "--config",
             config_path,
         ],
-        "env": [_token_env(owner)],
+        "env": [_token_env(owner), *tmp_env],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         # Not /health/ready: that is 503 until an engine registers, and engines register
         # through this Service, which only routes to Ready pods.
         "readinessProbe": _probe("/health/live", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),
-        "resources": _resources(owner, 0, router.resources.requests, router.resources.limits),
-        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "resources": _resources(
+            owner, 0, router.resources.requests, router.resources.limits, DEFAULT_ROUTER_RESOURCES
+        ),
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
+            tmp_mount,
+        ],
     }
     selector = router_selector(owner)
     return with_hash(
@@ -409,8 +489,13 @@ def render_router_deployment(owner: Owner) -> Manifest:
                         },
                     },
                     "spec": {
+                        "securityContext": pod_security_context(),
+                        "automountServiceAccountToken": False,  # the router never calls it
                         "containers": [container],
-                        "volumes": [{"name": "config", "configMap": {"name": config_name(owner)}}],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": config_name(owner)}},
+                            tmp_volume,
+                        ],
                         "enableServiceLinks": False,
                     },
                 },
@@ -433,3 +518,82 @@ def render_router_service(owner: Owner) -> Manifest:
             },
         }
     )
+
+
+# --- guardrails: network policies and disruption budgets --------------------------------------
+
+
+def render_engine_network_policy(owner: Owner) -> Manifest:
+    """Engine pods accept connections only from this deployment's router and engine pods (any
+    port: migration backends open their own), plus ``spec.networkPolicy.allowFromNamespaces``
+    on the engine port (e.g. Prometheus scraping /metrics)."""
+    same_deployment = {"podSelector": {"matchLabels": {LABEL_DEPLOYMENT: label_value(owner.name)}}}
+    ingress: list[dict[str, Any]] = [{"from": [same_deployment]}]
+    allowed = owner.spec.network_policy.allow_from_namespaces
+    if allowed:
+        ingress.append(
+            {
+                "from": [
+                    {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ns}}}
+                    for ns in allowed
+                ],
+                "ports": [{"protocol": "TCP", "port": ENGINE_PORT}],
+            }
+        )
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(owner, f"{base_name(owner)}-engine", "engine"),
+            "spec": {
+                "podSelector": {
+                    "matchLabels": {
+                        LABEL_DEPLOYMENT: label_value(owner.name),
+                        LABEL_COMPONENT: "engine",
+                    }
+                },
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
+            },
+        }
+    )
+
+
+def render_router_network_policy(owner: Owner) -> Manifest:
+    """Clients (and the operator) reach the router's pods on its one port, nothing else."""
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(owner, router_name(owner), "router"),
+            "spec": {
+                "podSelector": {"matchLabels": router_selector(owner)},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"protocol": "TCP", "port": owner.spec.router.port}]}],
+            },
+        }
+    )
+
+
+def _disruption_budget(
+    owner: Owner, name: str, component: str, selector: dict, extra: dict | None = None
+) -> Manifest:
+    # maxUnavailable 1, not minAvailable: a one-replica pool must not block node drains forever.
+    return with_hash(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _metadata(owner, name, component, extra),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        }
+    )
+
+
+def render_pool_disruption_budget(owner: Owner, pool_name: str) -> Manifest:
+    """At most one instance of a pool evicted at a time (node drains, cluster upgrades)."""
+    selector = {LABEL_DEPLOYMENT: label_value(owner.name), LABEL_POOL: pool_name}
+    return _disruption_budget(owner, pool_name, "engine", selector, {LABEL_POOL: pool_name})
+
+
+def render_router_disruption_budget(owner: Owner) -> Manifest:
+    return _disruption_budget(owner, router_name(owner), "router", router_selector(owner))

@@ -325,6 +325,21 @@ class MonitoringSpec(_Model):
     prometheus_url: str | None = Field(default=None, pattern=r"^https?://")
 
 
+class NetworkPolicySpec(_Model):
+    enabled: bool = Field(
+        default=True,
+        description="NetworkPolicies: engine pods reachable only from this deployment's router "
+        "and engines; router pods only on router.port.",
+    )
+    allow_from_namespaces: list[
+        Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+    ] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="Namespaces also allowed to reach the engine port (e.g. Prometheus).",
+    )
+
+
 class RolloutSpec(_Model):
     drain_timeout_seconds: int = Field(
         default=60, ge=0, le=3600, description="Longest wait for in-flight requests of an old pool."
@@ -361,6 +376,9 @@ class EPDDeploymentSpec(_Model):
         default_factory=lambda: MonitoringSpec(), json_schema_extra=_OBJ
     )
     rollout: RolloutSpec = Field(default_factory=lambda: RolloutSpec(), json_schema_extra=_OBJ)
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=lambda: NetworkPolicySpec(), json_schema_extra=_OBJ
+    )
 
     @model_validator(mode="after")
     def _within_budget(self) -> EPDDeploymentSpec:

@@ -137,15 +137,17 @@ def chart(cluster: Cluster) -> Iterator[str]:
     cluster.run("helm", "uninstall", RELEASE, "-n", RELEASE_NAMESPACE, check=False)
 
 
-def _service_account_kubeconfig(cluster: Cluster, sa: str) -> Path:
+def _service_account_kubeconfig(
+    cluster: Cluster, sa: str, namespace: str = RELEASE_NAMESPACE, name: str = "operator"
+) -> Path:
     """A kubeconfig holding a token of the chart's ServiceAccount: the operator runs with
     exactly the chart's RBAC, as it would in its pod."""
     token = cluster.kubectl(
-        "create", "token", sa, "-n", RELEASE_NAMESPACE, "--duration", "2h"
+        "create", "token", sa, "-n", namespace, "--duration", "2h"
     ).stdout.strip()
     admin = cluster.kubectl("config", "view", "--raw", "-o", "json")
     server = json.loads(admin.stdout)["clusters"][0]["cluster"]
-    path = CLUSTER_DIR / "operator.kubeconfig"
+    path = CLUSTER_DIR / f"{name}.kubeconfig"
     path.write_text(
         json.dumps(
             {

@@ -65,3 +65,34 @@ def test_values_schema_rejects_bad_values() -> None:
     )
     assert proc.returncode != 0
     assert "pullPolicy" in proc.stderr
+
+
+def _rbac(*sets: str) -> list[dict]:
+    args = [a for s in sets for a in ("--set", s)]
+    proc = helm(
+        "template", "epd", str(CHART), "-n", "epd-system", "--kube-version", "1.34.0", *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_rbac_is_namespaced_when_a_namespace_is_watched() -> None:
+    """Defect: a ClusterRole bound cluster-wide even with operator.watchNamespace set."""
+    scoped = _rbac("operator.watchNamespace=team-a")
+    assert [(d["kind"], d["metadata"]["namespace"]) for d in scoped] == [
+        ("Role", "team-a"),
+        ("RoleBinding", "team-a"),
+    ]
+    assert scoped[1]["roleRef"]["kind"] == "Role"
+    wide = _rbac()
+    assert [d["kind"] for d in wide] == ["ClusterRole", "ClusterRoleBinding"]
+
+
+def test_rbac_grants_no_wildcards_and_no_secret_enumeration() -> None:
+    for docs in (_rbac(), _rbac("operator.watchNamespace=team-a")):
+        rules = docs[0]["rules"]
+        assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
+        secrets = [r["verbs"] for r in rules if "secrets" in r["resources"]]
+        assert secrets == [["get", "create"]]
+        assert not any("deletecollection" in r["verbs"] for r in rules)

@@ -252,8 +252,9 @@ def test_more_gpus_than_the_nodes_have_is_degraded(
     doc["metadata"]["name"] = "huge"
     doc["spec"]["model"]["source"] = {"preset": "tiny-llava"}
     doc["spec"]["gpuBudget"] = 32
-    doc["spec"]["engine"]["gpusPerInstance"] = 16  # the biggest node has 8
-    doc["spec"]["disaggregation"] = {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 2}}
+    doc["spec"]["engine"]["gpusPerInstance"] = 1
+    # 30 one-GPU instances; the kwok nodes have 24 GPUs in all (tools/cluster/nodes.sh)
+    doc["spec"]["disaggregation"] = {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 30}}
     cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc))
 
     def degraded() -> dict | None:

@@ -77,7 +77,7 @@ def test_image_heavy_tight_ttft_gets_more_encode_capacity_than_text_light() -> N
 
 
 def test_profiler_plan_fits_the_budget_and_carries_its_prediction() -> None:
-    spec = auto_spec(gpuBudget=9, engine={"gpusPerInstance": 2})  # pays for 4 instances
+    spec = auto_spec(gpuBudget=4)  # pays for 4 one-GPU instances
     plan = profiler_plan(spec, trace("textvqa"), reference_cost_model(), REFERENCE_LABEL)
     assert plan.num_instances == 4
     assert plan.predicted is not None and plan.predicted.goodput_rps > 0

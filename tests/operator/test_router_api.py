@@ -193,3 +193,12 @@ def test_trace_since_and_window_read_the_recorded_trace(router_with_trace_url: s
     assert starts == pytest.approx([start_s] * len(starts))  # rebased to the window start
     assert 0.5 <= start_s <= 1.0
     assert short.records[0].prompt_tokens == 10  # the record at 0 s is outside the window
+
+
+def test_trace_needs_the_internal_token(router_with_trace_url: str) -> None:
+    """Defect: the router served every request's shape and timing (the trace) to anyone who
+    could reach its public Service."""
+    url = f"{router_with_trace_url}/v1/trace"
+    assert httpx.get(url).status_code == 403
+    assert httpx.get(url, headers={"X-EPD-Token": "wrong"}).status_code == 403
+    assert len(RouterAPI(router_with_trace_url, TOKEN, timeout_s=5).trace() or []) == 3

@@ -53,6 +53,8 @@ async def list_models(request: Request) -> dict[str, object]:
 TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
 
 
+# The trace shows every request's shape and timing: internal (X-EPD-Token), though it is
+# served on the public port, which clients and internal callers share.
 @router.get("/v1/trace", dependencies=[Depends(require_token)])
 async def trace(
     request: Request, since: float = 0.0, last: float | None = None

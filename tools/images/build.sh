@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build the images without a Docker daemon (root): a Debian base bootstrapped locally with
+# debootstrap, both Dockerfiles built on it with buildah (vfs storage, chroot isolation), and
+# each image written as a docker-archive that `ctr -n k8s.io images import` accepts.
+#
+#   tools/images/build.sh [operator|engine ...]     # default: operator engine
+#   needs: apt-get install -y buildah debootstrap   (Debian bookworm packages)
+#
+# Archives and timings go to .build/images/. The base is built once and reused.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${EPD_IMAGES_DIR:-$root/.build/images}"
+tag="${IMAGE_TAG:-dev}"
+suite="${DEBIAN_SUITE:-bookworm}"
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+base="localhost/epd-base:$suite"
+bh=(buildah --storage-driver vfs)
+mkdir -p "$out"
+timings="$out/timings.txt"
+
+if ! "${bh[@]}" inspect --type image "$base" >/dev/null 2>&1; then
+  start=$SECONDS
+  rootfs="$out/rootfs-$suite"
+  rm -rf "$rootfs"
+  # python3-venv: the Dockerfiles install into a virtual environment (Debian's Python
+  # refuses system-wide pip installs, PEP 668).
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$suite" "$rootfs" "$mirror"
+  ctr=$("${bh[@]}" from scratch)
+  mnt=$("${bh[@]}" mount "$ctr")
+  cp -a "$rootfs"/. "$mnt"/
+  # Trust what this host trusts (a TLS-intercepting egress proxy's CA, say), so pip in the
+  # builds reaches the package index; the base image is local, never pushed.
+  host_ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
+  if [[ -f "$host_ca" ]]; then
+    mkdir -p "$mnt/etc/ssl/certs"
+    cp "$host_ca" "$mnt/etc/ssl/certs/ca-certificates.crt"
+    "${bh[@]}" config --env PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+      --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt "$ctr"
+  fi
+  "${bh[@]}" umount "$ctr"
+  "${bh[@]}" commit --quiet "$ctr" "$base"
+  "${bh[@]}" rm "$ctr" >/dev/null
+  rm -rf "$rootfs"
+  echo "base $base: $((SECONDS - start)) s" | tee -a "$timings"
+fi
+
+images=("$@")
+[[ ${#images[@]} -gt 0 ]] || images=(operator engine)
+for image in "${images[@]}"; do
+  start=$SECONDS
+  "${bh[@]}" build --isolation chroot --build-arg "BASE=$base" \
+    -f "$root/docker/$image.Dockerfile" -t "epd-$image:$tag" "$root"
+  archive="$out/epd-$image-$tag.tar"
+  rm -f "$archive"
+  "${bh[@]}" push "epd-$image:$tag" "docker-archive:$archive:epd-$image:$tag"
+  echo "epd-$image:$tag: $((SECONDS - start)) s -> $archive" | tee -a "$timings"
+done
