@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, default=Path("runs/switch-bench"))
     parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument(
+        "--plans", type=int, default=len(SEQUENCE), help="run only the first N plans"
+    )
     args = parser.parse_args(argv)
 
     token = secrets.token_hex(16)
@@ -351,13 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         engines = LocalEngines(args.model, MODEL_NAME, url, args.run_dir, token, ENGINE_ARGS)
-        result = run_drill(engines, clients=args.clients)
+        result = run_drill(engines, SEQUENCE[: args.plans], clients=args.clients)
     finally:
         router.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             router.wait(10)
     out = report(result)
-    out["sequence"] = [p.describe() for p in SEQUENCE]
+    out["sequence"] = [p.describe() for p in SEQUENCE[: args.plans]]
     out["clients"] = args.clients
     out["answers"] = [asdict(a) for a in result.answers]
     args.out.parent.mkdir(parents=True, exist_ok=True)
