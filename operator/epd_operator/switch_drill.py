@@ -338,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, default=Path("runs/switch-bench"))
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument(
+        "--steady-s", type=float, default=15.0, help="steady traffic between two switches"
+    )
+    parser.add_argument(
         "--plans", type=int, default=len(SEQUENCE), help="run only the first N plans"
     )
     args = parser.parse_args(argv)
@@ -354,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         engines = LocalEngines(args.model, MODEL_NAME, url, args.run_dir, token, ENGINE_ARGS)
-        result = run_drill(engines, SEQUENCE[: args.plans], clients=args.clients)
+        result = run_drill(
+            engines, SEQUENCE[: args.plans], clients=args.clients, settle_between_s=args.steady_s
+        )
     finally:
         router.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     out = report(result)
     out["sequence"] = [p.describe() for p in SEQUENCE[: args.plans]]
     out["clients"] = args.clients
+    out["steady_between_switches_s"] = args.steady_s
+    out["machine"] = f"{os.cpu_count()} CPUs, CPU engines (float32), tiny-llava"
     out["answers"] = [asdict(a) for a in result.answers]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
