@@ -115,6 +115,11 @@ bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, rou
 
 .PHONY: bench-disagg
 
+bench-switch: venv model ## Switch under load through every method + a ratio: failures, TTFT around switches, decision->serving (JSON)
+	$(PY) -m epd_operator.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
+
+.PHONY: bench-switch
+
 bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to memcpy/raw socket/raw gloo (JSON)
 	$(EPDCTL) bench-transfer --model $(MODEL_DIR) --out benchmarks/results/transfer-cpu.json
 

@@ -6,6 +6,7 @@ re-reads the cluster; nothing is remembered between passes except what is in ``s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from epd_engine.plan import Plan
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_operator import guardrails, pod_health
+from epd_operator import operator_metrics as metrics
 from epd_operator import resources as r
 from epd_operator.kube import Kube
 from epd_operator.loop import (
@@ -202,6 +204,7 @@ def reconcile(
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "spec." + ".".join(str(p) for p in first["loc"])
+        metrics.RECONCILES.labels(namespace, name, "invalid_spec").inc()
         return invalid_spec_status(raw_status, f"{where}: {first['msg']}", generation)
     status = _status(raw_status)
     owner = r.Owner(name=name, namespace=namespace, uid=uid, spec=spec)
@@ -233,7 +236,12 @@ def reconcile(
         )
     last_change = _parse_ts(status.last_plan_change)
     since_change = (now - last_change).total_seconds() if last_change else float("inf")
+    started = time.perf_counter()
     choice = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner, since_change)
+    if choice.ran:
+        metrics.PLANNER_SECONDS.labels(namespace, name).observe(time.perf_counter() - started)
+    if choice.note is not None:
+        metrics.DECISIONS.labels(namespace, name, choice.note.reason).inc()
     plan, replanned = choice.plan, choice.ran
     new_planned_on = status.planned_on
     plan_status = status.plan
@@ -288,6 +296,8 @@ def reconcile(
     if planned is not None:
         decided[PLANNED] = planned
     conditions = merge_conditions(status.conditions, decided, generation, now)
+    metrics.set_phase(namespace, name, decision.conditions["Progressing"].reason)
+    metrics.RECONCILES.labels(namespace, name, "ok").inc()
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,

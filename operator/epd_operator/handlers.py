@@ -15,7 +15,7 @@ import kopf
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from epd_operator import api_errors
+from epd_operator import api_errors, operator_metrics
 from epd_operator.controller import reconcile
 from epd_operator.kube import Kube
 from epd_operator.settings import OperatorSettings
@@ -48,6 +48,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # so the finalizer goes (and garbage collection starts) within seconds.
     settings.background.cancellation_polling = 2
     _client()
+    operator_metrics.serve(SETTINGS.metrics_port)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_s, id="reconcile")
@@ -85,6 +86,7 @@ def reconcile_timer(
             router_urls=SETTINGS.router_urls,
         )
     except ApiException as exc:
+        operator_metrics.RECONCILES.labels(namespace or "default", name, "api_error").inc()
         if api_errors.reason_of(exc) is None:
             raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=5) from exc
         generation = int(meta.get("generation", 0))

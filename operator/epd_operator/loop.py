@@ -241,11 +241,14 @@ def rollout_step(
     draining = {n for n in old if n not in d.route_to}
     d.draining_since = (obs.draining_since or obs.now) if draining else None
     waited_s = (obs.now - d.draining_since).total_seconds() if d.draining_since else 0.0
+    # A request held by a draining pool may still hand over to another draining pool (it was
+    # offered before the switch), so they go together, once none of them holds a request.
+    left_total = sum(obs.router.in_flight.get(n, 0) for n in draining)
     for name in sorted(draining):
         if confirmed is None or name in confirmed or waited_s < settle_s:
             continue  # the switch away from it is not confirmed (long enough) yet
         left = obs.router.in_flight.get(name, 0)
-        if left == 0:
+        if left_total == 0:
             d.delete.append(name)
             d.events.append(
                 Event("Normal", "Drained", f"Pool {name} has no request in flight; deleting it")
@@ -257,7 +260,7 @@ def rollout_step(
                     "Warning",
                     "DrainTimeout",
                     f"Deleting pool {name} after the {drain_timeout_s} s drain timeout with "
-                    f"{left} request(s) still in flight",
+                    f"{left} request(s) in flight on it ({left_total} on draining pools)",
                 )
             )
 

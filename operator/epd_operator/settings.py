@@ -15,6 +15,7 @@ class OperatorSettings:
     # The router replicas' addresses, when the operator cannot reach pod IPs (it runs outside
     # the cluster, or a test gives it a router on loopback); empty: the router pods' IPs.
     router_urls: tuple[str, ...] = ()
+    metrics_port: int = 0  # the operator's own /metrics (operator_metrics.py); 0: not served
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -24,6 +25,7 @@ class OperatorSettings:
             router_timeout_s=float(env.get("EPD_OPERATOR_ROUTER_TIMEOUT_S", cls.router_timeout_s)),
             plan_timeout_s=float(env.get("EPD_OPERATOR_PLAN_TIMEOUT_S", cls.plan_timeout_s)),
             plan_max_requests=int(env.get("EPD_OPERATOR_PLAN_MAX_REQUESTS", cls.plan_max_requests)),
+            metrics_port=int(env.get("EPD_OPERATOR_METRICS_PORT", cls.metrics_port)),
             router_urls=tuple(
                 u.strip() for u in env.get("EPD_OPERATOR_ROUTER_URLS", "").split(",") if u.strip()
             ),

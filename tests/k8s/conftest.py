@@ -8,8 +8,10 @@ Without the binaries (``make cluster-bins``) the tests skip with the reason, unl
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,8 +166,68 @@ def _service_account_kubeconfig(
     return path
 
 
+class LoopbackRouter:
+    """A real router process on loopback standing in for the router pods, which kwok never
+    runs: the operator (a local process) is pointed at it with ``EPD_OPERATOR_ROUTER_URLS``,
+    so switches, read-backs and drains go through the real internal API. ``serve(ns, name)``
+    restarts it with that EPDDeployment's internal token (the operator makes one per object).
+    """
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def serve(self, cluster: Cluster, ns: str, name: str) -> None:
+        def token() -> str | None:
+            secret = cluster.get("secret", f"{name}-internal-token", "-n", ns)
+            data = (secret or {}).get("data") or {}
+            return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+        value = wait_until(f"Secret {ns}/{name}-internal-token", token, 60)
+        self.stop()
+        config = CLUSTER_DIR / "loopback-router.json"
+        config.write_text(json.dumps({"model": "any"}))
+        log = (LOG_DIR / "loopback-router.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epd_engine", "router", "--config", str(config),
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            env={**os.environ, "EPD_INTERNAL_TOKEN": value}, stdout=log, stderr=log,
+        )  # fmt: skip
+
+        def live() -> bool | None:
+            try:
+                return httpx.get(f"{self.url}/health/live", timeout=1).status_code == 200 or None
+            except httpx.HTTPError:
+                return None
+
+        wait_until("loopback router live", live, 120)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, chart: str) -> Iterator[subprocess.Popen]:
+def loopback_router() -> Iterator[LoopbackRouter]:
+    router = LoopbackRouter()
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: Cluster, chart: str, loopback_router: LoopbackRouter
+) -> Iterator[subprocess.Popen]:
     """The operator as a local ``kopf run`` process with the chart's ServiceAccount token."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     kubeconfig = _service_account_kubeconfig(cluster, chart)
@@ -173,6 +236,7 @@ def operator(cluster: Cluster, chart: str) -> Iterator[subprocess.Popen]:
         "KUBECONFIG": str(kubeconfig),
         "EPD_OPERATOR_RESYNC_S": "1",
         "EPD_OPERATOR_ROUTER_TIMEOUT_S": "0.5",
+        "EPD_OPERATOR_ROUTER_URLS": loopback_router.url,
     }
     log = (LOG_DIR / "operator.log").open("w")
     proc = subprocess.Popen(

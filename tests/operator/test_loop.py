@@ -186,6 +186,21 @@ def test_old_pools_are_deleted_only_after_the_switch_is_read_back_defect_same_pa
     assert set(cluster.pools) == names(NEW)
 
 
+def test_a_draining_pool_is_kept_while_another_draining_pool_holds_requests() -> None:
+    """Defect (seen under load, EP+D -> EPD): the old D pool showed 0 in flight and was
+    deleted while the old EP pool still held requests it had offered to that D instance."""
+    cluster = FakeCluster()
+    run(cluster, OLD, steps=3)
+    e_pool = next(n for n in names(OLD) if "-e-" in n)
+    cluster.in_flight = {e_pool: 2}
+    steps = run(cluster, NEW, timeout_s=1000, steps=6)
+    assert not any(s.delete for s in steps)
+    assert names(OLD) <= set(cluster.pools)
+    cluster.in_flight = {}
+    run(cluster, NEW, timeout_s=1000, steps=2)
+    assert set(cluster.pools) == names(NEW)
+
+
 def test_unreachable_router_confirms_nothing_and_deletes_nothing() -> None:
     """Defect: a failed routing PUT was recorded as done and the old pools were then deleted
     by the drain timeout, blind. Now status keeps the last confirmed routing and no old pool

@@ -1,0 +1,159 @@
+"""The rollout's pools as local processes: one ``epdctl serve`` per replica on 127.0.0.1.
+
+The local counterpart of the Kubernetes Deployments (``controller.KubePools``): the same
+``rollout_driver.rollout_pass`` creates, grows and deletes pools through it. A replica is
+Ready once its process is alive and the router lists it (it registered by heartbeat); a
+deleted pool's processes get SIGINT (the engine finishes and exits) and SIGKILL after a grace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from epd_engine.config import Role
+from epd_operator.loop import ObservedPool
+from epd_operator.resources import PoolSpec
+
+
+@dataclass(frozen=True)
+class LocalEngines:
+    """How to start one engine process (what ``epdctl up`` passes every instance)."""
+
+    model_dir: Path
+    model_name: str
+    router_url: str
+    run_dir: Path
+    token: str
+    engine_args: tuple[str, ...] = ()
+    device: str = "cpu"
+    dtype: str = "float32"
+    host: str = "127.0.0.1"
+
+
+@dataclass
+class _Replica:
+    instance_id: str
+    popen: subprocess.Popen[bytes]
+
+
+@dataclass
+class _Pool:
+    role: Role
+    gpus_per_instance: int
+    replicas: list[_Replica] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalPools:
+    def __init__(self, engines: LocalEngines, stop_grace_s: float = 15.0) -> None:
+        self.engines = engines
+        self.stop_grace_s = stop_grace_s
+        self.pools: dict[str, _Pool] = {}
+
+    # --- PoolBackend -------------------------------------------------------------------------
+
+    def observe_pools(self) -> dict[str, ObservedPool]:
+        registered = self._registered()
+        out = {}
+        for name, pool in self.pools.items():
+            ready = sum(
+                1
+                for rep in pool.replicas
+                if rep.popen.poll() is None and rep.instance_id in registered
+            )
+            n = len(pool.replicas)
+            out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
+        return out
+
+    def apply_pool(self, pool: PoolSpec) -> None:
+        state = self.pools.setdefault(pool.name, _Pool(pool.role, pool.gpus_per_instance))
+        while len(state.replicas) < pool.replicas:
+            instance_id = f"{pool.name}-{len(state.replicas)}"
+            state.replicas.append(_Replica(instance_id, self._start(pool, instance_id)))
+
+    def delete_pool(self, name: str) -> None:
+        pool = self.pools.pop(name, None)
+        if pool is not None:
+            self._stop([r.popen for r in pool.replicas])
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def stop_all(self) -> None:
+        self._stop([r.popen for pool in self.pools.values() for r in pool.replicas])
+        self.pools.clear()
+
+    def dead(self) -> list[str]:
+        """Instances whose process exited on its own."""
+        return [
+            r.instance_id
+            for pool in self.pools.values()
+            for r in pool.replicas
+            if r.popen.poll() is not None
+        ]
+
+    def _start(self, pool: PoolSpec, instance_id: str) -> subprocess.Popen[bytes]:
+        e = self.engines
+        port = _free_port()
+        args = [
+            "serve",
+            "--model", str(e.model_dir),
+            "--served-model-name", e.model_name,
+            "--role", pool.role.value,
+            "--pool", pool.name,
+            "--instance-id", instance_id,
+            "--host", e.host,
+            "--port", str(port),
+            "--router-url", e.router_url,
+            "--dtype", e.dtype,
+            "--device", e.device,
+            "--log-level", "warning",
+            *e.engine_args,
+        ]  # fmt: skip
+        log = e.run_dir / "logs" / f"{instance_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "epd_engine", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "EPD_INTERNAL_TOKEN": e.token},
+                start_new_session=True,
+            )
+
+    def _stop(self, popens: list[subprocess.Popen[bytes]]) -> None:
+        for popen in popens:
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGINT)
+        for popen in popens:
+            try:
+                popen.wait(self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+
+    def _registered(self) -> set[str]:
+        try:
+            resp = httpx.get(
+                f"{self.engines.router_url}/internal/pools",
+                headers={"X-EPD-Token": self.engines.token},
+                timeout=2,
+            )
+            resp.raise_for_status()
+            pools = resp.json()["pools"]
+            return {i["instance_id"] for p in pools.values() for i in p["instances"]}
+        except (httpx.HTTPError, ValueError, KeyError):
+            return set()

@@ -1,0 +1,380 @@
+"""Switch under load: steady mixed traffic through a real router and real engine processes
+while the rollout state machine moves the system through a sequence of plans.
+
+Used by the switch-under-load test and by ``make bench-switch``. Pools are local processes
+(``local_pools.LocalPools``), driven by the same ``rollout_driver.rollout_pass`` as the
+operator. Traffic: text and image requests, streaming and not, greedy (temperature 0, fixed
+length), from a few concurrent clients using the ``openai`` client. Every answer is compared
+with the answer the first plan gave to the same prompt before any switch.
+
+``python -m epd_operator.switch_drill --model DIR --out FILE.json`` runs the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import itertools
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+from PIL import Image
+
+from epd_engine.config import Method, Role
+from epd_engine.plan import Plan
+from epd_operator import resources as r
+from epd_operator.local_pools import LocalEngines, LocalPools
+from epd_operator.rollout_driver import RolloutState, rollout_pass
+from epd_operator.router_fleet import RouterFleet
+from epd_operator.spec import EPDDeploymentSpec
+
+MODEL_NAME = "tiny-llava"
+MAX_TOKENS = 8
+# every method, then a ratio change (DESIGN: the closed loop's moves)
+SEQUENCE = [
+    Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1}),
+    Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}),
+    Plan(method=Method.EPD, pools={Role.EPD: 1}),
+    Plan(method=Method.E_PD, pools={Role.E: 1, Role.PD: 1}),
+    Plan(method=Method.ED_P, pools={Role.ED: 1, Role.P: 1}),
+    Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1}),
+    Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1}),
+]
+ENGINE_ARGS = (
+    "--num-kv-blocks", "256", "--num-image-blocks", "16", "--max-num-running", "16",
+    "--token-budget", "256", "--image-budget", "4",
+)  # fmt: skip
+
+
+def _data_url(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def prompts() -> list[list[dict[str, Any]]]:
+    """Three text-only and three image prompts (one with two images)."""
+    text = [
+        [{"role": "user", "content": f"Tell me about request {i} and the weather."}]
+        for i in range(3)
+    ]
+    images = [
+        [
+            {
+                "role": "user",
+                "content": [
+                    *({"type": "image_url", "image_url": {"url": _data_url(s)}} for s in seeds),
+                    {"type": "text", "text": "What is in this picture?"},
+                ],
+            }
+        ]
+        for seeds in ((1,), (2,), (3, 4))
+    ]
+    return text + images
+
+
+@dataclass
+class Answer:
+    prompt: int
+    stream: bool
+    start_s: float  # monotonic
+    end_s: float
+    ttft_s: float | None
+    text: str = ""
+    error: str = ""
+
+
+def ask(url: str, messages: list[dict[str, Any]], stream: bool, timeout_s: float = 120) -> Answer:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+    start = time.monotonic()
+    common: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    try:
+        if not stream:
+            resp = client.chat.completions.create(**common)
+            text = str(resp.choices[0].message.content)
+            return Answer(-1, False, start, time.monotonic(), None, text)
+        ttft, parts = None, []
+        for chunk in client.chat.completions.create(**common, stream=True):
+            delta = chunk.choices[0].delta.content if chunk.choices else None
+            if delta:
+                ttft = ttft if ttft is not None else time.monotonic() - start
+                parts.append(delta)
+        return Answer(-1, True, start, time.monotonic(), ttft, "".join(parts))
+    except openai.OpenAIError as exc:
+        return Answer(
+            -1, stream, start, time.monotonic(), None, error=f"{type(exc).__name__}: {exc}"
+        )
+
+
+class Traffic:
+    """``clients`` threads, each cycling through the prompts (alternating stream/not)."""
+
+    def __init__(self, url: str, clients: int = 3) -> None:
+        self.url = url
+        self.clients = clients
+        self.answers: list[Answer] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.hung = 0  # clients still waiting on an answer at the end
+
+    def _run(self, offset: int) -> None:
+        messages = prompts()
+        i = offset
+        while not self._stop.is_set():
+            index = i % len(messages)
+            answer = ask(self.url, messages[index], stream=(i // len(messages)) % 2 == 0)
+            answer.prompt = index
+            with self._lock:
+                self.answers.append(answer)
+            i += 1
+
+    def __enter__(self) -> Traffic:
+        for c in range(self.clients):
+            t = threading.Thread(target=self._run, args=(c * 2,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=180)
+        self.hung = sum(t.is_alive() for t in self._threads)
+
+
+@dataclass
+class Switch:
+    before: str
+    after: str
+    decided_s: float  # monotonic
+    serving_s: float | None = None  # every router replica confirmed the new plan's routing
+    complete_s: float | None = None  # old pools deleted
+    progress: list[str] = field(default_factory=list)
+
+
+def owner_for(budget: int) -> r.Owner:
+    spec = EPDDeploymentSpec.model_validate(
+        {
+            "model": {"name": MODEL_NAME, "source": {"preset": "tiny-llava"}},
+            "gpuBudget": budget,
+            "disaggregation": {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 1}},
+        }
+    )
+    return r.Owner(name="drill", namespace="local", uid="local", spec=spec)
+
+
+def converge(
+    pools: LocalPools,
+    fleet: RouterFleet,
+    plan: Plan,
+    state: RolloutState,
+    budget: int,
+    switch: Switch | None,
+    timeout_s: float,
+    interval_s: float = 0.3,
+    on_event: Callable[[str, str, str], None] | None = None,
+) -> RolloutState:
+    """Rollout passes until the plan is complete; fills ``switch``'s times."""
+    desired = r.pool_specs(owner_for(budget), plan)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if dead := pools.dead():
+            raise RuntimeError(f"engine process(es) exited: {dead}")
+        outcome = rollout_pass(
+            pools, fleet, desired, plan, state, datetime.now(UTC), budget, 120,
+            on_event or (lambda *_: None), settle_s=1.5,
+        )  # fmt: skip
+        state = outcome.state
+        reason = outcome.status.conditions["Progressing"].reason
+        if switch is not None:
+            if not switch.progress or switch.progress[-1] != reason:
+                switch.progress.append(reason)
+            if outcome.switched and state.active_pools == {p.name for p in desired}:
+                switch.serving_s = time.monotonic()
+        if reason == "RolloutComplete":
+            if switch is not None:
+                switch.complete_s = time.monotonic()
+            return state
+        time.sleep(interval_s)
+    raise TimeoutError(f"rollout to {plan.describe()} did not complete in {timeout_s:g} s")
+
+
+@dataclass
+class DrillResult:
+    baseline: dict[int, str]
+    answers: list[Answer]
+    switches: list[Switch]
+    hung_clients: int
+
+
+def run_drill(
+    engines: LocalEngines,
+    sequence: Sequence[Plan] = tuple(SEQUENCE),
+    budget: int = 8,
+    clients: int = 3,
+    settle_between_s: float = 3.0,
+    timeout_s: float = 300,
+) -> DrillResult:
+    """Start ``sequence[0]`` (a router must run at ``engines.router_url``), record each
+    prompt's answer, then switch through the rest under traffic."""
+    pools = LocalPools(engines)
+    fleet = RouterFleet([engines.router_url], engines.token, timeout_s=5)
+    try:
+        state = converge(pools, fleet, sequence[0], RolloutState(), budget, None, timeout_s)
+        messages = prompts()
+        baseline = {}
+        for i, m in enumerate(messages):
+            answer = ask(engines.router_url, m, stream=False)
+            if answer.error:
+                raise RuntimeError(f"baseline prompt {i} failed: {answer.error}")
+            baseline[i] = answer.text
+        switches = []
+        with Traffic(engines.router_url, clients) as traffic:
+            time.sleep(settle_between_s)
+            for before, after in itertools.pairwise(sequence):
+                switch = Switch(before.describe(), after.describe(), time.monotonic())
+                switches.append(switch)
+                state = converge(pools, fleet, after, state, budget, switch, timeout_s)
+                time.sleep(settle_between_s)
+        return DrillResult(baseline, list(traffic.answers), switches, traffic.hung)
+    finally:
+        pools.stop_all()
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(np.array(values), q))
+
+
+def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
+    """Failures, mismatches, and TTFT (streaming answers) around each switch vs steady state."""
+    windows = [
+        (s.decided_s - margin_s, (s.complete_s or s.decided_s) + margin_s) for s in result.switches
+    ]
+
+    def in_window(a: Answer, lo: float, hi: float) -> bool:
+        return a.start_s < hi and a.end_s > lo
+
+    ttfts = [a for a in result.answers if a.ttft_s is not None and not a.error]
+    steady = [a.ttft_s for a in ttfts if not any(in_window(a, lo, hi) for lo, hi in windows)]
+    per_switch: list[dict[str, Any]] = []
+    for s, (lo, hi) in zip(result.switches, windows, strict=True):
+        around = [a.ttft_s for a in ttfts if in_window(a, lo, hi)]
+        served = [a for a in result.answers if in_window(a, lo, hi)]
+        per_switch.append(
+            {
+                "from": s.before,
+                "to": s.after,
+                "decision_to_serving_s": None
+                if s.serving_s is None
+                else round(s.serving_s - s.decided_s, 2),
+                "decision_to_complete_s": None
+                if s.complete_s is None
+                else round(s.complete_s - s.decided_s, 2),
+                "progress": s.progress,
+                "requests_spanning": len(served),
+                "ttft_p50_s": _pct([t for t in around if t is not None], 50),
+                "ttft_p99_s": _pct([t for t in around if t is not None], 99),
+            }
+        )
+    failed = [a for a in result.answers if a.error]
+    mismatched = [a for a in result.answers if not a.error and a.text != result.baseline[a.prompt]]
+    steady_values = [t for t in steady if t is not None]
+    return {
+        "requests": len(result.answers),
+        "failed": len(failed),
+        "failures": [a.error for a in failed[:10]],
+        "hung_clients": result.hung_clients,
+        "mismatched_outputs": len(mismatched),
+        "steady": {
+            "requests": len(steady_values),
+            "ttft_p50_s": _pct(steady_values, 50),
+            "ttft_p99_s": _pct(steady_values, 99),
+        },
+        "switches": per_switch,
+        "max_decision_to_serving_s": max(
+            (p["decision_to_serving_s"] or 0.0 for p in per_switch), default=None
+        ),
+        "median_decision_to_serving_s": statistics.median(
+            [p["decision_to_serving_s"] for p in per_switch if p["decision_to_serving_s"]] or [0.0]
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import contextlib
+    import secrets
+    import subprocess
+    import sys
+
+    from epd_operator.local_pools import _free_port
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="tiny-llava checkpoint dir")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/switch-bench"))
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument(
+        "--steady-s", type=float, default=15.0, help="steady traffic between two switches"
+    )
+    parser.add_argument(
+        "--plans", type=int, default=len(SEQUENCE), help="run only the first N plans"
+    )
+    args = parser.parse_args(argv)
+
+    token = secrets.token_hex(16)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    log = (args.run_dir / "router.log").open("wb")
+    router = subprocess.Popen(
+        [sys.executable, "-m", "epd_engine", "router", "--model", MODEL_NAME, "--host",
+         "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "EPD_INTERNAL_TOKEN": token},
+    )  # fmt: skip
+    try:
+        engines = LocalEngines(args.model, MODEL_NAME, url, args.run_dir, token, ENGINE_ARGS)
+        result = run_drill(
+            engines, SEQUENCE[: args.plans], clients=args.clients, settle_between_s=args.steady_s
+        )
+    finally:
+        router.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            router.wait(10)
+    out = report(result)
+    out["sequence"] = [p.describe() for p in SEQUENCE[: args.plans]]
+    out["clients"] = args.clients
+    out["steady_between_switches_s"] = args.steady_s
+    out["machine"] = f"{os.cpu_count()} CPUs, CPU engines (float32), tiny-llava"
+    out["answers"] = [asdict(a) for a in result.answers]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+    print(json.dumps({k: v for k, v in out.items() if k != "answers"}, indent=2))
+    return 0 if out["failed"] == 0 and out["mismatched_outputs"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
