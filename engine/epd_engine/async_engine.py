@@ -20,7 +20,7 @@ from epd_engine.detokenizer import Detokenizer
 from epd_engine.engine import LLMEngine, StageTiming, StepStats
 from epd_engine.errors import ClientError
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import Request, RequestStatus
+from epd_engine.request import Request
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.messages import Routing
@@ -47,7 +47,7 @@ Sink = Callable[[RequestOutput], None]
 
 
 @dataclass
-class Stream:
+class RequestOutputStream:
     """Where one request's outputs go, and what the client has been sent so far."""
 
     sink: Sink
@@ -69,11 +69,11 @@ class AsyncEngine:
         self.engine = engine
         self.decode = decode
         self._on_step = on_step
-        self.on_handoff: Callable[[Request, Stream], None] | None = None
+        self.on_handoff: Callable[[Request, RequestOutputStream], None] | None = None
         self.on_pull: Callable[[PullTask], None] | None = None
-        self.on_evicted: Callable[[Stream], None] | None = None
+        self.on_evicted: Callable[[RequestOutputStream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
-        self.streams: dict[str, Stream] = {}
+        self.streams: dict[str, RequestOutputStream] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
@@ -105,7 +105,7 @@ class AsyncEngine:
         self.call(run)
         return await future
 
-    async def add(self, make_request: Callable[[], Request], stream: Stream) -> None:
+    async def add(self, make_request: Callable[[], Request], stream: RequestOutputStream) -> None:
         """Queue a request on the engine thread; admission errors come back as ClientError."""
 
         def add() -> None:
@@ -127,8 +127,11 @@ class AsyncEngine:
         """Serve one request directly to a local client."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        stream = Stream(
-            outputs.put_nowait, loop, Detokenizer(self.decode, sampling.stop), len(prompt.token_ids)
+        stream = RequestOutputStream(
+            outputs.put_nowait,
+            loop,
+            Detokenizer(self.decode, sampling.stop, sampling.min_tokens),
+            len(prompt.token_ids),
         )
         await self.add(
             lambda: self.engine.add_request(request_id, prompt, sampling, eos_token_ids), stream
@@ -226,14 +229,13 @@ class AsyncEngine:
             delta = stream.detokenizer.add(token_id, final=finish_reason is not None)
             if stream.detokenizer.stopped and finish_reason is None:
                 finish_reason = "stop"
-                self.engine.scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
-                self.engine.abort(request_id)
+                self.engine.finish_stopped(request_id)
         self._emit(request_id, stream, token_id, finish_reason, delta)
 
     def _emit(
         self,
         request_id: str,
-        stream: Stream,
+        stream: RequestOutputStream,
         token_id: int | None,
         finish_reason: str | None,
         delta: str = "",
@@ -254,7 +256,7 @@ class AsyncEngine:
             self.streams.pop(request_id, None)
         stream.loop.call_soon_threadsafe(stream.sink, output)
 
-    def _flush_timings(self, request_id: str, stream: Stream) -> None:
+    def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
         if stream.pending_timings:
             self._emit(request_id, stream, None, None)
 

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, Field
 
-from epd_engine.async_engine import Stream
+from epd_engine.async_engine import RequestOutputStream
 from epd_engine.config import internal_token
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.errors import ClientError
@@ -59,10 +59,14 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     )
     routing = payload.routing
     link = state.migration.link
-    detokenizer = Detokenizer(engine.decode, params.stop)
-    detokenizer.token_ids = list(payload.resume_output_token_ids)
-    detokenizer.emitted = payload.emitted_text
-    stream = Stream(
+    detokenizer = Detokenizer.resume(
+        engine.decode,
+        params.stop,
+        payload.resume_output_token_ids,
+        payload.emitted_text,
+        params.min_tokens,
+    )
+    stream = RequestOutputStream(
         sink=lambda output: link.send(output, routing),
         loop=state.migration.loop,
         detokenizer=detokenizer,

@@ -18,12 +18,11 @@ from typing import cast
 
 import httpx
 
-from epd_engine.async_engine import AsyncEngine, RequestOutput, Stream
+from epd_engine.async_engine import AsyncEngine, RequestOutput, RequestOutputStream
 from epd_engine.config import Stage, env_str
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.request import CacheKind, ImageRef, PullSpec, Request
 from epd_engine.router.policy import InstanceLoad, LeastLoaded
-from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import PullTask
 from epd_engine.server.router_link import RouterLink
 from epd_engine.transfer.backend import Exports, Peer, TransferBackend
@@ -78,10 +77,10 @@ class MigrationManager:
         task.add_done_callback(self._tasks.discard)
 
     # ---- source side ------------------------------------------------------------------
-    def on_handoff(self, request: Request, stream: Stream) -> None:
+    def on_handoff(self, request: Request, stream: RequestOutputStream) -> None:
         self._spawn(self._handoff_or_reroute(request, stream))
 
-    async def _handoff_or_reroute(self, request: Request, stream: Stream) -> None:
+    async def _handoff_or_reroute(self, request: Request, stream: RequestOutputStream) -> None:
         try:
             await self._handoff(request, stream)
         except Exception as exc:  # never leave a parked request without an owner
@@ -90,7 +89,7 @@ class MigrationManager:
             assert stream.routing is not None
             await self.link.retry(stream.routing, f"handoff failed: {exc!r}")
 
-    async def _handoff(self, request: Request, stream: Stream) -> None:
+    async def _handoff(self, request: Request, stream: RequestOutputStream) -> None:
         assert stream.routing is not None
         kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
         exposed = await self.engine.call_async(
@@ -125,7 +124,7 @@ class MigrationManager:
     def _offer(
         self,
         request: Request,
-        stream: Stream,
+        stream: RequestOutputStream,
         kind: CacheKind,
         image_pages: tuple[tuple[int, ...], ...],
         kv_pages: tuple[int, ...],
@@ -142,14 +141,7 @@ class MigrationManager:
             source_instance=self.link.identity.instance_id,
             prompt_token_ids=request.prompt_token_ids,
             images=[ImageInfo(**vars(i)) for i in request.images],
-            sampling=SamplingInfo(
-                max_tokens=p.max_tokens,
-                temperature=p.temperature,
-                top_p=p.top_p,
-                seed=p.seed,
-                stop=list(p.stop),
-                ignore_eos=p.ignore_eos,
-            ),
+            sampling=SamplingInfo.of(p),
             eos_token_ids=sorted(request.eos_token_ids),
             output_token_ids=request.output_token_ids,
             num_computed_tokens=request.num_computed_tokens,
@@ -184,19 +176,16 @@ class MigrationManager:
     # ---- target side ------------------------------------------------------------------
     async def accept(self, offer: MigrationOffer) -> None:
         """Step 1 on the target: queue the request; it pulls when scheduled."""
-        sampling = SamplingParams(
-            max_tokens=offer.sampling.max_tokens,
-            temperature=offer.sampling.temperature,
-            top_p=offer.sampling.top_p,
-            seed=offer.sampling.seed,
-            stop=tuple(offer.sampling.stop),
-            ignore_eos=offer.sampling.ignore_eos,
+        sampling = offer.sampling.params()
+        detokenizer = Detokenizer.resume(
+            self.engine.decode,
+            sampling.stop,
+            offer.output_token_ids,
+            offer.emitted_text,
+            sampling.min_tokens,
         )
-        detokenizer = Detokenizer(self.engine.decode, sampling.stop)
-        detokenizer.token_ids = list(offer.output_token_ids)
-        detokenizer.emitted = offer.emitted_text
         routing = offer.routing
-        stream = Stream(
+        stream = RequestOutputStream(
             sink=lambda output: self.link.send(output, routing),
             loop=self.loop,
             detokenizer=detokenizer,
@@ -234,7 +223,7 @@ class MigrationManager:
             routing,
         )  # fmt: skip
 
-    def on_evicted(self, stream: Stream) -> None:
+    def on_evicted(self, stream: RequestOutputStream) -> None:
         """This decode-only instance ran out of pages for it: send it down a fresh path."""
         assert stream.routing is not None
         self._spawn(self.link.retry(stream.routing, "evicted: out of KV cache pages"))
@@ -269,7 +258,7 @@ class MigrationManager:
         # Read before landing: once landed, the engine may finish its stage and hand the
         # request on (dropping the stream) before this coroutine runs again.
         stream = self.engine.streams.get(task.request_id)
-        await self.engine.call_async(lambda: engine.scheduler.pull_done(task.request_id))
+        await self.engine.call_async(lambda: engine.pull_done(task.request_id))
         if stream is not None and stream.routing is not None:
             self.link.send_raw(
                 {
@@ -323,7 +312,7 @@ class MigrationManager:
     async def _pull_failed(self, task: PullTask, reason: str) -> None:
         stream = self.engine.streams.get(task.request_id)
         recomputing = await self.engine.call_async(
-            lambda: self.engine.engine.scheduler.pull_failed(task.request_id)
+            lambda: self.engine.engine.pull_failed(task.request_id)
         )
         if not recomputing:
             self.engine.call(lambda: self.engine.abort(task.request_id))
