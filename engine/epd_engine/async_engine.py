@@ -21,7 +21,8 @@ from epd_engine.engine import LLMEngine, StageTiming, StepStats
 from epd_engine.errors import ClientError
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import Request
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampling import SamplingParams, TokenLogprobs
+from epd_engine.scheduler import RequestEvent
 from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.messages import Routing
 
@@ -41,6 +42,7 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     stage_timings: list[StageTiming] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, if asked
 
 
 Sink = Callable[[RequestOutput], None]
@@ -193,7 +195,7 @@ class AsyncEngine:
                 if (stream := self.streams.get(timing.request_id)) is not None:
                     stream.pending_timings.append(timing)
             for event in events:
-                self._deliver(event.request_id, event.new_token_id, event.finish_reason)
+                self._deliver(event)
             for request_id in stats.evicted_ids:
                 self._evicted(request_id)
             for request in self.engine.take_handoffs():
@@ -219,7 +221,12 @@ class AsyncEngine:
         else:
             self.fail(request_id, "out of KV cache pages on a decode-only instance")
 
-    def _deliver(self, request_id: str, token_id: int | None, finish_reason: str | None) -> None:
+    def _deliver(self, event: RequestEvent) -> None:
+        request_id, token_id, finish_reason = (
+            event.request_id,
+            event.new_token_id,
+            event.finish_reason,
+        )
         stream = self.streams.get(request_id)
         if stream is None:
             return
@@ -230,7 +237,8 @@ class AsyncEngine:
             if stream.detokenizer.stopped and finish_reason is None:
                 finish_reason = "stop"
                 self.engine.finish_stopped(request_id)
-        self._emit(request_id, stream, token_id, finish_reason, delta)
+        logprobs = [event.logprobs] if event.logprobs is not None else []
+        self._emit(request_id, stream, token_id, finish_reason, delta, logprobs=logprobs)
 
     def _emit(
         self,
@@ -240,6 +248,7 @@ class AsyncEngine:
         finish_reason: str | None,
         delta: str = "",
         error: str | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
         output = RequestOutput(
             request_id,
@@ -250,6 +259,7 @@ class AsyncEngine:
             finish_reason,
             error,
             stream.pending_timings,
+            logprobs or [],
         )
         stream.pending_timings = []
         if finish_reason is not None:

@@ -82,6 +82,9 @@ def sampling_params(
             seed=request.seed,
             stop=request.stop_list,
             ignore_eos=request.ignore_eos,
+            min_tokens=request.min_tokens,
+            logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs or 0,
         )
     except ValueError as exc:
         raise ClientError(str(exc)) from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -13,13 +13,16 @@ from fastapi.responses import StreamingResponse
 from epd_engine.async_engine import RequestOutput
 from epd_engine.errors import ClientError, ModelNotFound
 from epd_engine.server.chat import prepare
+from epd_engine.server.logprobs import choice_logprobs, logprob_content
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
+    TokenLogprob,
     Usage,
     chat_response,
     sse,
@@ -97,13 +100,15 @@ async def chat_completions(
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
+    tokenizer = state.processor.tokenizer
+    token_text = (lambda t: str(tokenizer.decode([t]))) if body.logprobs else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _sse(first, outputs, request_id, body.model, include_usage, timer),
+            _sse(first, outputs, request_id, body.model, include_usage, timer, token_text),
             media_type="text/event-stream",
         )
-    return await _collect(first, outputs, request_id, body.model, timer)
+    return await _collect(first, outputs, request_id, body.model, timer, token_text)
 
 
 async def _chain(
@@ -132,15 +137,26 @@ async def _collect(
     request_id: str,
     model: str,
     timer: _Timer,
+    token_text: Callable[[int], str] | None = None,  # set when the client asked for logprobs
 ) -> ChatCompletionResponse:
     text: list[str] = []
+    content: list[TokenLogprob] | None = [] if token_text else None
     final = first
     async for output in _chain(first, rest, timer):
         text.append(output.text_delta)
+        if content is not None and token_text is not None:
+            content += logprob_content(output.new_token_ids, output.logprobs, token_text)
         final = output
     if final.error:
         raise RuntimeError(final.error)
-    return chat_response(request_id, model, "".join(text), final.finish_reason, _usage(final))
+    return chat_response(
+        request_id,
+        model,
+        "".join(text),
+        final.finish_reason,
+        _usage(final),
+        choice_logprobs(content),
+    )
 
 
 async def _sse(
@@ -150,9 +166,16 @@ async def _sse(
     model: str,
     include_usage: bool,
     timer: _Timer,
+    token_text: Callable[[int], str] | None = None,  # set when the client asked for logprobs
 ) -> AsyncIterator[str]:
-    def chunk(delta: Delta, finish: str | None = None, usage: Usage | None = None) -> str:
-        choices = [] if usage else [ChunkChoice(delta=delta, finish_reason=finish)]
+    def chunk(
+        delta: Delta,
+        finish: str | None = None,
+        usage: Usage | None = None,
+        logprobs: ChoiceLogprobs | None = None,
+    ) -> str:
+        choice = ChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)
+        choices = [] if usage else [choice]
         return sse(ChatCompletionChunk(id=request_id, model=model, choices=choices, usage=usage))
 
     yield chunk(Delta(role="assistant", content=""))
@@ -162,8 +185,13 @@ async def _sse(
         if output.error:
             yield sse_error(output.error)
             break
-        if output.text_delta or output.finish_reason:
-            yield chunk(Delta(content=output.text_delta or None), output.finish_reason)
+        logprobs = None
+        if token_text is not None and output.logprobs:
+            content = logprob_content(output.new_token_ids, output.logprobs, token_text)
+            logprobs = choice_logprobs(content)
+        if output.text_delta or output.finish_reason or logprobs:
+            delta = Delta(content=output.text_delta or None)
+            yield chunk(delta, output.finish_reason, logprobs=logprobs)
     if include_usage:
         yield chunk(Delta(), usage=_usage(final))
     yield SSE_DONE
