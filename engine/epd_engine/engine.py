@@ -20,8 +20,7 @@ from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import Request, RequestStatus
 from epd_engine.runner import CacheShape, ModelRunner
-from epd_engine.sampler import SamplingSpec
-from epd_engine.sampling import SampledToken, SamplingParams
+from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask

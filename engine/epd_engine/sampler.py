@@ -9,35 +9,17 @@ its sequence: not on what else is in the batch, nor on which instance samples it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from epd_engine.sampling import SampledToken, SamplingParams, TokenLogprobs
+from epd_engine.sampling import (
+    SampledToken,
+    SamplingParams,
+    SamplingRow,
+    TokenLogprobs,
+)
 
 _MASK64 = (1 << 63) - 1
 _CANDIDATES = 1024  # largest logits a top-k / top-p cut looks at before sorting a whole row
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """What sampling needs to know about a request beyond its parameters."""
-
-    params: SamplingParams
-    eos_token_ids: frozenset[int] = frozenset()
-    num_prompt_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class SamplingRow:
-    """One row of a step's logits: the request, and the position of the token drawn."""
-
-    spec: SamplingSpec
-    position: int  # index in the sequence of the token being sampled
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.position - self.spec.num_prompt_tokens
 
 
 def seed_for(seed: int, position: int) -> int:

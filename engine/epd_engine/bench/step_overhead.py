@@ -25,8 +25,8 @@ import torch
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.attention_torch import TorchPagedAttention
-from epd_engine.sampler import Sampler, SamplingRow, SamplingSpec
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampler import Sampler
+from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
 
 
 def best_ms(run: Callable[[], object], repeats: int = 5) -> float:
