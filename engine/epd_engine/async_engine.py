@@ -20,8 +20,9 @@ from epd_engine.detokenizer import Detokenizer
 from epd_engine.engine import LLMEngine, StageTiming, StepStats
 from epd_engine.errors import ClientError
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import Request, RequestStatus
-from epd_engine.sampling import SamplingParams
+from epd_engine.request import Request
+from epd_engine.sampling import SamplingParams, TokenLogprobs
+from epd_engine.scheduler import RequestEvent
 from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.messages import Routing
 
@@ -41,13 +42,14 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     stage_timings: list[StageTiming] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, if asked
 
 
 Sink = Callable[[RequestOutput], None]
 
 
 @dataclass
-class Stream:
+class RequestOutputStream:
     """Where one request's outputs go, and what the client has been sent so far."""
 
     sink: Sink
@@ -69,11 +71,11 @@ class AsyncEngine:
         self.engine = engine
         self.decode = decode
         self._on_step = on_step
-        self.on_handoff: Callable[[Request, Stream], None] | None = None
+        self.on_handoff: Callable[[Request, RequestOutputStream], None] | None = None
         self.on_pull: Callable[[PullTask], None] | None = None
-        self.on_evicted: Callable[[Stream], None] | None = None
+        self.on_evicted: Callable[[RequestOutputStream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
-        self.streams: dict[str, Stream] = {}
+        self.streams: dict[str, RequestOutputStream] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
@@ -105,7 +107,7 @@ class AsyncEngine:
         self.call(run)
         return await future
 
-    async def add(self, make_request: Callable[[], Request], stream: Stream) -> None:
+    async def add(self, make_request: Callable[[], Request], stream: RequestOutputStream) -> None:
         """Queue a request on the engine thread; admission errors come back as ClientError."""
 
         def add() -> None:
@@ -127,8 +129,11 @@ class AsyncEngine:
         """Serve one request directly to a local client."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        stream = Stream(
-            outputs.put_nowait, loop, Detokenizer(self.decode, sampling.stop), len(prompt.token_ids)
+        stream = RequestOutputStream(
+            outputs.put_nowait,
+            loop,
+            Detokenizer(self.decode, sampling.stop, sampling.min_tokens),
+            len(prompt.token_ids),
         )
         await self.add(
             lambda: self.engine.add_request(request_id, prompt, sampling, eos_token_ids), stream
@@ -194,7 +199,7 @@ class AsyncEngine:
                 if (stream := self.streams.get(timing.request_id)) is not None:
                     stream.pending_timings.append(timing)
             for event in events:
-                self._deliver(event.request_id, event.new_token_id, event.finish_reason)
+                self._deliver(event)
             for request_id in stats.evicted_ids:
                 self._evicted(request_id)
             for request in self.engine.take_handoffs():
@@ -220,7 +225,12 @@ class AsyncEngine:
         else:
             self.fail(request_id, "out of KV cache pages on a decode-only instance")
 
-    def _deliver(self, request_id: str, token_id: int | None, finish_reason: str | None) -> None:
+    def _deliver(self, event: RequestEvent) -> None:
+        request_id, token_id, finish_reason = (
+            event.request_id,
+            event.new_token_id,
+            event.finish_reason,
+        )
         stream = self.streams.get(request_id)
         if stream is None:
             return
@@ -230,18 +240,19 @@ class AsyncEngine:
             delta = stream.detokenizer.add(token_id, final=finish_reason is not None)
             if stream.detokenizer.stopped and finish_reason is None:
                 finish_reason = "stop"
-                self.engine.scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
-                self.engine.abort(request_id)
-        self._emit(request_id, stream, token_id, finish_reason, delta)
+                self.engine.finish_stopped(request_id)
+        logprobs = [event.logprobs] if event.logprobs is not None else []
+        self._emit(request_id, stream, token_id, finish_reason, delta, logprobs=logprobs)
 
     def _emit(
         self,
         request_id: str,
-        stream: Stream,
+        stream: RequestOutputStream,
         token_id: int | None,
         finish_reason: str | None,
         delta: str = "",
         error: str | None = None,
+        logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
         output = RequestOutput(
             request_id,
@@ -252,13 +263,14 @@ class AsyncEngine:
             finish_reason,
             error,
             stream.pending_timings,
+            logprobs or [],
         )
         stream.pending_timings = []
         if finish_reason is not None:
             self.streams.pop(request_id, None)
         stream.loop.call_soon_threadsafe(stream.sink, output)
 
-    def _flush_timings(self, request_id: str, stream: Stream) -> None:
+    def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
         if stream.pending_timings:
             self._emit(request_id, stream, None, None)
 

@@ -108,7 +108,6 @@ class EngineConfig:
     kv_block_size: int = 16  # tokens per KV page (HydraInfer)
     num_kv_blocks: int = 512
     num_image_blocks: int = 64  # pages of the image-embedding cache, one image per page
-    encoder_cache_images: int = 256  # embeddings kept by content hash for cross-request reuse
     max_num_running: int = 256  # decode concurrency cap
     max_model_len: int | None = None  # defaults to the model's context window
     token_budget: int | None = None  # None: found at start-up by binary search against the SLO
@@ -117,7 +116,6 @@ class EngineConfig:
     max_image_bytes: int = 20 * 1024 * 1024
     slo: SLO = field(default_factory=SLO)
     budget_alpha: float = 0.5  # iteration must stay under alpha * TTFT (or TPOT when decoding)
-    seed: int = 0
     cpu_threads: int = (
         1  # per instance; several instances share the cores, oversubscribing is 20x slower
     )

@@ -20,10 +20,9 @@ from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import Request
+from epd_engine.request import Request, RequestStatus
 from epd_engine.runner import CacheShape, ModelRunner
-from epd_engine.sampler import SamplingSpec
-from epd_engine.sampling import SampledToken, SamplingParams
+from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
@@ -193,6 +192,23 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
         self._forget(request_id)
+
+    def finish_stopped(self, request_id: str) -> None:
+        """A stop string matched after detokenizing: end the request, free its pages."""
+        self.scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
+        self.abort(request_id)
+
+    def pull_done(self, request_id: str, output_token_ids: list[int] | None = None) -> None:
+        """A migrated-in request's pages have landed: it can be scheduled. ``output_token_ids``:
+        its output as the source left it (an early hand-off learns it only now)."""
+        request = self.scheduler.requests.get(request_id)
+        if output_token_ids is not None and request is not None:
+            request.output_token_ids = list(output_token_ids)
+        self.scheduler.pull_done(request_id)
+
+    def pull_failed(self, request_id: str) -> bool:
+        """Its pull failed; True when it will be recomputed here instead."""
+        return self.scheduler.pull_failed(request_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

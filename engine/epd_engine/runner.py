@@ -14,8 +14,8 @@ import torch
 
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
-from epd_engine.sampler import Sampler, SamplingRow, SamplingSpec
-from epd_engine.sampling import SampledToken
+from epd_engine.sampler import Sampler
+from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.transfer.backend import CacheRegions
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory

@@ -1,42 +1,25 @@
 """Batched sampling: one pass over the whole step's logits, one device-to-host copy.
 
 Per row: EOS masked until ``min_tokens`` are out, temperature, top-k and top-p cuts, then
-either argmax (greedy) or the exponential race ``argmax(p / E)`` with ``E ~ Exp(1)``
-(equivalent to drawing from ``p``). A seeded request's noise comes from a generator
+either argmax (greedy) or an inverse-CDF draw with one uniform number per row. A seeded
+request's number comes from a generator
 seeded with ``(seed, position)``, so its tokens depend only on its seed and where it is in
 its sequence: not on what else is in the batch, nor on which instance samples it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from epd_engine.sampling import SampledToken, SamplingParams, TokenLogprobs
+from epd_engine.sampling import (
+    SampledToken,
+    SamplingParams,
+    SamplingRow,
+    TokenLogprobs,
+)
 
 _MASK64 = (1 << 63) - 1
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """What sampling needs to know about a request beyond its parameters."""
-
-    params: SamplingParams
-    eos_token_ids: frozenset[int] = frozenset()
-    num_prompt_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class SamplingRow:
-    """One row of a step's logits: the request, and the position of the token drawn."""
-
-    spec: SamplingSpec
-    position: int  # index in the sequence of the token being sampled
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.position - self.spec.num_prompt_tokens
+_CANDIDATES = 1024  # largest logits a top-k / top-p cut looks at before sorting a whole row
 
 
 def seed_for(seed: int, position: int) -> int:
@@ -86,44 +69,53 @@ class Sampler:
 
     @staticmethod
     def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        """Set logits outside each row's top-k / top-p set to -inf (rows that ask only)."""
+        """Set logits outside each row's top-k / top-p set to -inf (rows that ask only).
+
+        A full-vocabulary sort is slow (most of a CPU step at batch 256), so the candidates
+        are the ``_CANDIDATES`` largest logits first; only rows whose top-k / top-p set
+        reaches beyond them (flat distributions) pay for the sort.
+        """
         rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
         if not rows:
             return
         vocab = logits.shape[1]
+        device = logits.device
         sub = logits[rows]  # [R, V]
-        top_k = torch.tensor([params[i].top_k or vocab for i in rows], device=logits.device)
-        top_p = [params[i].top_p for i in rows]
-        if all(p == 1.0 for p in top_p):  # top-k only: a partial sort is enough
-            width = min(int(top_k.max()), vocab)
-            values, order = sub.topk(width, dim=-1)  # [R, k]
-            keep = torch.arange(width, device=logits.device)[None, :] < top_k[:, None]
-        else:
-            values, order = sub.sort(dim=-1, descending=True)  # [R, V]
-            keep = torch.arange(vocab, device=logits.device)[None, :] < top_k[:, None]
-            probs = values.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-            mass_before = probs.cumsum(dim=-1) - probs
-            keep &= mass_before < torch.tensor(top_p, device=logits.device)[:, None]
+        top_k = torch.tensor([params[i].top_k or vocab for i in rows], device=device)
+        top_p = torch.tensor([params[i].top_p for i in rows], device=device)
+        width = min(_CANDIDATES, vocab)
+        values, order = sub.topk(width, dim=-1)  # [R, width], largest first
+        norm = sub.logsumexp(dim=-1, keepdim=True)
+        keep, inside = _nucleus(values, norm, top_k, top_p, vocab)
         cut = torch.full_like(sub, float("-inf"))
         cut.scatter_(1, order, values.masked_fill(~keep, float("-inf")))
+        outside = (~inside).nonzero().flatten().tolist() if width < vocab else []
+        if outside:  # the set reaches past the candidates: sort those rows in full
+            values, order = sub[outside].sort(dim=-1, descending=True)
+            keep, _ = _nucleus(values, norm[outside], top_k[outside], top_p[outside], vocab)
+            cut[outside] = torch.full_like(values, float("-inf")).scatter_(
+                1, order, values.masked_fill(~keep, float("-inf"))
+            )
         logits[rows] = cut
 
     def _draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        greedy = [row.spec.params.greedy for row in rows]
+        """Inverse-CDF draws: one uniform number per row (not one per vocabulary entry)."""
         tokens = logits.argmax(dim=-1)  # [S]
-        random_rows = [i for i, g in enumerate(greedy) if not g]
+        random_rows = [i for i, row in enumerate(rows) if not row.spec.params.greedy]
         if not random_rows:
             return tokens
         every_row = len(random_rows) == len(rows)
         probs = (logits if every_row else logits[random_rows]).softmax(dim=-1)  # [R, V]
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self._noise)
+        cdf = probs.cumsum_(dim=-1)
+        uniform = torch.rand(len(random_rows), 1, generator=self._noise, device=self.device)
         for r, i in enumerate(random_rows):
             seed = rows[i].spec.params.seed
             if seed is not None:
                 self._seeded.manual_seed(seed_for(seed, rows[i].position))
-                noise[r].exponential_(generator=self._seeded)
-        drawn = probs.div_(noise).argmax(dim=-1)
+                uniform[r] = torch.rand(1, generator=self._seeded, device=self.device)
+        # 1 - u is in (0, 1]: the first entry whose CDF reaches it has a non-zero probability
+        target = (1.0 - uniform) * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[1] - 1)[:, 0]
         if every_row:
             return drawn
         tokens[random_rows] = drawn
@@ -151,3 +143,26 @@ class Sampler:
             top = tuple((int(ids[j]), values[j]) for j in range(p.top_logprobs))
             out.append(SampledToken(token, TokenLogprobs(line[1], top)))
         return out
+
+
+def _nucleus(
+    values: torch.Tensor,  # [R, W] logits, largest first (W <= V)
+    logsumexp: torch.Tensor,  # [R, 1] over the whole row
+    top_k: torch.Tensor,  # [R] (V when off)
+    top_p: torch.Tensor,  # [R]
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of ``values`` are in the top-k then top-p set, and whether that set is known
+    to lie within them (``inside``): top-k within the width, or top-k off and the width's
+    mass already reaching top-p."""
+    width = values.shape[1]
+    keep = torch.arange(width, device=values.device)[None, :] < top_k[:, None]
+    masked = values.masked_fill(~keep, float("-inf"))
+    k_inside = top_k <= width
+    # renormalise over the top-k set: within the width when it fits, else the whole row
+    norm = torch.where(k_inside[:, None], masked.logsumexp(dim=-1, keepdim=True), logsumexp)
+    probs = (masked - norm).exp()
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep &= mass_before < top_p[:, None]
+    inside = k_inside | ((top_k >= vocab) & (probs.sum(dim=-1) >= top_p))
+    return keep, inside

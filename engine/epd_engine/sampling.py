@@ -62,3 +62,24 @@ class TokenLogprobs:
 class SampledToken:
     token_id: int
     logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What sampling needs to know about a request beyond its parameters."""
+
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    num_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One row of a step's logits: the request, and the position of the token drawn."""
+
+    spec: SamplingSpec
+    position: int  # index in the sequence of the token being sampled
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.position - self.spec.num_prompt_tokens

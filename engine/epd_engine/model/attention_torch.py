@@ -67,8 +67,7 @@ class TorchPagedAttention:
         num_decodes = base.num_decodes
         decode_pages = decode_mask = None
         if num_decodes:
-            ctx = batch.context_lens[:num_decodes]
-            pages = [-(-n // block_size) for n in ctx]
+            pages = [-(-n // block_size) for n in batch.context_lens[:num_decodes]]
             width = max(pages)
             padded = [
                 t[:n] + [0] * (width - n)

@@ -36,8 +36,7 @@ from epd_engine.profiler.cost_model import (
 )
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.profiler.links import MEASURED_BACKENDS, LinkCoeffs, fit_link
-from epd_engine.sampler import SamplingSpec
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampling import SamplingParams, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.timing import best_of
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -193,7 +194,10 @@ async def _sse(
         pending_tokens += chunk.num_tokens
         if chunk.text or chunk.finish_reason:
             # where the request went and how long each stage took, for `epdctl bench`
-            extra = {"epd_path": list(inflight.path), "epd_stage_s": dict(inflight.stage_s)}
+            extra: dict[str, Any] = {
+                "epd_path": list(inflight.path),
+                "epd_stage_s": dict(inflight.stage_s),
+            }
             yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason,
                                 **(extra if chunk.finish_reason else {}))  # fmt: skip
             pending_tokens = 0

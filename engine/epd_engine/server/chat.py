@@ -86,6 +86,9 @@ def sampling_params(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    logprobs, top_logprobs = False, 0  # completions: no logprobs (yet)
+    if isinstance(request, ChatCompletionRequest):
+        logprobs, top_logprobs = request.logprobs, request.top_logprobs or 0
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -94,6 +97,9 @@ def sampling_params(
             seed=request.seed,
             stop=request.stop_list,
             ignore_eos=request.ignore_eos,
+            min_tokens=request.min_tokens,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
     except ValueError as exc:
         raise ClientError(str(exc)) from exc

@@ -29,6 +29,8 @@ class CompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
     echo: bool = False
     ignore_eos: bool = False  # extension (vLLM): fixed output lengths for benchmarks
+    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): no EOS/stop before this many
+    logprobs: int | None = None  # refused with a 400 (validation.py): not implemented here
 
     # what the shared sampling code reads off a chat request
     max_completion_tokens: None = None

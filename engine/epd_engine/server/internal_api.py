@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from epd_engine.async_engine import Stream
+from epd_engine.async_engine import RequestOutputStream
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.errors import ClientError
 from epd_engine.server.auth import require_token
@@ -52,10 +52,14 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     )
     routing = payload.routing
     link = state.migration.link
-    detokenizer = Detokenizer(engine.decode, params.stop)
-    detokenizer.token_ids = list(payload.resume_output_token_ids)
-    detokenizer.emitted = payload.emitted_text
-    stream = Stream(
+    detokenizer = Detokenizer.resume(
+        engine.decode,
+        params.stop,
+        payload.resume_output_token_ids,
+        payload.emitted_text,
+        params.min_tokens,
+    )
+    stream = RequestOutputStream(
         sink=lambda output: link.send(output, routing),
         loop=state.migration.loop,
         detokenizer=detokenizer,

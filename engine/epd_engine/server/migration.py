@@ -22,14 +22,13 @@ from typing import cast
 
 import httpx
 
-from epd_engine.async_engine import AsyncEngine, RequestOutput, Stream
+from epd_engine.async_engine import AsyncEngine, RequestOutput, RequestOutputStream
 from epd_engine.config import Stage, env_str
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.metrics import Metrics
 from epd_engine.model.llava import LayerWritten
 from epd_engine.request import CacheKind, ImageRef, PullSpec, Request
 from epd_engine.router.policy import InstanceLoad, LeastLoaded
-from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.server.early_handoff import (
     ENDED_KEPT_S,
@@ -106,10 +105,10 @@ class MigrationManager:
         task.add_done_callback(self._tasks.discard)
 
     # ---- source side ------------------------------------------------------------------
-    def on_handoff(self, request: Request, stream: Stream) -> None:
+    def on_handoff(self, request: Request, stream: RequestOutputStream) -> None:
         self._spawn(self._handoff_or_reroute(request, stream))
 
-    async def _handoff_or_reroute(self, request: Request, stream: Stream) -> None:
+    async def _handoff_or_reroute(self, request: Request, stream: RequestOutputStream) -> None:
         try:
             await self._handoff(request, stream)
         except Exception as exc:  # never leave a parked request without an owner
@@ -118,7 +117,7 @@ class MigrationManager:
             assert stream.routing is not None
             await self.link.retry(stream.routing, f"handoff failed: {exc!r}")
 
-    async def _handoff(self, request: Request, stream: Stream) -> None:
+    async def _handoff(self, request: Request, stream: RequestOutputStream) -> None:
         assert stream.routing is not None
         if request.request_id in self.watches and await self._finish_early(request, stream):
             return
@@ -162,7 +161,7 @@ class MigrationManager:
     def _offer(
         self,
         request: Request,
-        stream: Stream,
+        stream: RequestOutputStream,
         kind: CacheKind,
         image_pages: tuple[tuple[int, ...], ...],
         kv_pages: tuple[int, ...],
@@ -181,14 +180,7 @@ class MigrationManager:
             source_instance=self.link.identity.instance_id,
             prompt_token_ids=request.prompt_token_ids,
             images=[ImageInfo(**vars(i)) for i in request.images],
-            sampling=SamplingInfo(
-                max_tokens=p.max_tokens,
-                temperature=p.temperature,
-                top_p=p.top_p,
-                seed=p.seed,
-                stop=list(p.stop),
-                ignore_eos=p.ignore_eos,
-            ),
+            sampling=SamplingInfo.of(p),
             eos_token_ids=sorted(request.eos_token_ids),
             output_token_ids=request.output_token_ids,
             num_computed_tokens=request.num_tokens if early else request.num_computed_tokens,
@@ -273,7 +265,7 @@ class MigrationManager:
         finally:
             watch.target.set_result(target)
 
-    async def _finish_early(self, request: Request, stream: Stream) -> bool:
+    async def _finish_early(self, request: Request, stream: RequestOutputStream) -> bool:
         """Prefill ended on a request offered early: tell its target how it ended (the
         answer to its progress poll). False when no target took it: offer it as usual."""
         watch = self.watches[request.request_id]
@@ -334,19 +326,16 @@ class MigrationManager:
     # ---- target side ------------------------------------------------------------------
     async def accept(self, offer: MigrationOffer) -> None:
         """Step 1 on the target: queue the request; it pulls when scheduled."""
-        sampling = SamplingParams(
-            max_tokens=offer.sampling.max_tokens,
-            temperature=offer.sampling.temperature,
-            top_p=offer.sampling.top_p,
-            seed=offer.sampling.seed,
-            stop=tuple(offer.sampling.stop),
-            ignore_eos=offer.sampling.ignore_eos,
+        sampling = offer.sampling.params()
+        detokenizer = Detokenizer.resume(
+            self.engine.decode,
+            sampling.stop,
+            offer.output_token_ids,
+            offer.emitted_text,
+            sampling.min_tokens,
         )
-        detokenizer = Detokenizer(self.engine.decode, sampling.stop)
-        detokenizer.token_ids = list(offer.output_token_ids)
-        detokenizer.emitted = offer.emitted_text
         routing = offer.routing
-        stream = Stream(
+        stream = RequestOutputStream(
             sink=lambda output: self.link.send(output, routing),
             loop=self.loop,
             detokenizer=detokenizer,
@@ -382,7 +371,7 @@ class MigrationManager:
         if not offer.early:  # an early offer is ours once the source's prefill has ended
             self._announce(offer.request_id, stream)
 
-    def _announce(self, request_id: str, stream: Stream) -> None:
+    def _announce(self, request_id: str, stream: RequestOutputStream) -> None:
         """Tell the router we hold the request now (it re-routes it if we die)."""
         assert stream.routing is not None
         output = RequestOutput(
@@ -390,7 +379,7 @@ class MigrationManager:
         )
         self.link.send(output, stream.routing)
 
-    def on_evicted(self, stream: Stream) -> None:
+    def on_evicted(self, stream: RequestOutputStream) -> None:
         """This decode-only instance ran out of pages for it: send it down a fresh path."""
         assert stream.routing is not None
         self._spawn(self.link.retry(stream.routing, "evicted: out of KV cache pages"))
@@ -481,17 +470,15 @@ class MigrationManager:
     def _land(self, request_id: str, done: PrefillDone | None) -> None:
         """Engine thread: the pages are filled. For an early offer, take over the request as
         the source's prefill left it (the token it sampled, the text the client has)."""
-        scheduler = self.engine.engine.scheduler
-        if done is not None:
-            request = scheduler.requests.get(request_id)
-            stream = self.engine.streams.get(request_id)
-            if request is not None:
-                request.output_token_ids = list(done.output_token_ids)
-            if stream is not None:
-                stream.detokenizer.token_ids = list(done.output_token_ids)
-                stream.detokenizer.emitted = done.emitted_text
-                stream.num_output_tokens = len(done.output_token_ids)
-        scheduler.pull_done(request_id)
+        stream = self.engine.streams.get(request_id)
+        if done is not None and stream is not None:
+            old = stream.detokenizer
+            stream.detokenizer = Detokenizer.resume(
+                self.engine.decode, old.stop, done.output_token_ids, done.emitted_text,
+                old.min_tokens,
+            )  # fmt: skip
+            stream.num_output_tokens = len(done.output_token_ids)
+        self.engine.engine.pull_done(request_id, done.output_token_ids if done else None)
 
     def _count_groups(self, task: PullTask, after: int, overlapped: int) -> None:
         if self.metrics is None or task.kind is not CacheKind.KV:
@@ -550,7 +537,7 @@ class MigrationManager:
     async def _pull_failed(self, task: PullTask, reason: str) -> None:
         stream = self.engine.streams.get(task.request_id)
         recomputing = await self.engine.call_async(
-            lambda: self.engine.engine.scheduler.pull_failed(task.request_id)
+            lambda: self.engine.engine.pull_failed(task.request_id)
         )
         if not recomputing:
             self.engine.call(lambda: self.engine.abort(task.request_id))

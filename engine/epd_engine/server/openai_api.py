@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -19,10 +19,12 @@ from epd_engine.server.completions import (
     CompletionResponse,
     completion_response,
 )
+from epd_engine.server.logprobs import choice_logprobs, logprob_content
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    TokenLogprob,
     Usage,
     chat_response,
     sse_error,
@@ -112,14 +114,22 @@ async def _serve(
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
+    token_text = None  # set when the client asked for logprobs (chat only)
+    if isinstance(body, ChatCompletionRequest) and body.logprobs:
+        tokenizer = state.processor.tokenizer
+        token_text = lambda t: str(tokenizer.decode([t]))  # noqa: E731
     if body.stream:
         writer = ChunkWriter(kind, request_id, body.model, body.stream_options)
         return StreamingResponse(
-            _sse(first, outputs, writer, timer), media_type="text/event-stream"
+            _sse(first, outputs, writer, timer, token_text), media_type="text/event-stream"
         )
-    text, final = await _collect(first, outputs, timer)
-    respond = chat_response if kind == "chat" else completion_response
-    return respond(request_id, body.model, text, final.finish_reason, _usage(final))
+    text, final, content = await _collect(first, outputs, timer, token_text)
+    if kind == "chat":
+        usage = _usage(final)
+        return chat_response(
+            request_id, body.model, text, final.finish_reason, usage, choice_logprobs(content)
+        )
+    return completion_response(request_id, body.model, text, final.finish_reason, _usage(final))
 
 
 async def _chain(
@@ -142,22 +152,35 @@ async def _chain(
         timer.finish(outcome)
 
 
+TokenText = Callable[[int], str]
+
+
 async def _collect(
-    first: RequestOutput, rest: AsyncIterator[RequestOutput], timer: _Timer
-) -> tuple[str, RequestOutput]:
-    """The whole text and the last output."""
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    timer: _Timer,
+    token_text: TokenText | None = None,
+) -> tuple[str, RequestOutput, list[TokenLogprob] | None]:
+    """The whole text, the last output and (with ``token_text``) every token's logprobs."""
     text: list[str] = []
+    content: list[TokenLogprob] | None = [] if token_text else None
     final = first
     async for output in _chain(first, rest, timer):
         text.append(output.text_delta)
+        if content is not None and token_text is not None:
+            content += logprob_content(output.new_token_ids, output.logprobs, token_text)
         final = output
     if final.error:
         raise RuntimeError(final.error)
-    return "".join(text), final
+    return "".join(text), final, content
 
 
 async def _sse(
-    first: RequestOutput, rest: AsyncIterator[RequestOutput], writer: ChunkWriter, timer: _Timer
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    writer: ChunkWriter,
+    timer: _Timer,
+    token_text: TokenText | None = None,
 ) -> AsyncIterator[str]:
     if opening := writer.start(first.num_prompt_tokens):
         yield opening
@@ -168,10 +191,19 @@ async def _sse(
         if output.error:
             yield sse_error(output.error)
             break
-        if output.text_delta or output.finish_reason:
+        logprobs = None
+        if token_text is not None and output.logprobs:
+            content = logprob_content(output.new_token_ids, output.logprobs, token_text)
+            logprobs = choice_logprobs(content)
+        if output.text_delta or output.finish_reason or logprobs:
             new_tokens = output.num_output_tokens - counted
             counted = output.num_output_tokens
-            yield writer.tokens(output.text_delta, new_tokens, output.finish_reason)
+            yield writer.tokens(
+                output.text_delta,
+                new_tokens,
+                output.finish_reason,
+                logprobs=logprobs.model_dump() if logprobs else None,
+            )
     if totals := writer.usage(_usage(final)):
         yield totals
     yield SSE_DONE

@@ -63,6 +63,9 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False  # extension (vLLM): fixed output lengths for benchmarks
+    min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): no EOS/stop before this many
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @field_validator("stop")
     @classmethod
@@ -100,9 +103,24 @@ class ResponseMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None
 
 
@@ -117,14 +135,20 @@ class ChatCompletionResponse(BaseModel):
 
 
 def chat_response(
-    request_id: str, model: str, text: str, finish_reason: str | None, tokens: Usage
+    request_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    tokens: Usage,
+    logprobs: ChoiceLogprobs | None = None,
 ) -> ChatCompletionResponse:
     """The non-streaming answer, the same from an instance and from the router."""
+    message = ResponseMessage(content=text)
     return ChatCompletionResponse(
         id=request_id,
         model=model,
         system_fingerprint=SYSTEM_FINGERPRINT,
-        choices=[Choice(message=ResponseMessage(content=text), finish_reason=finish_reason)],
+        choices=[Choice(message=message, logprobs=logprobs, finish_reason=finish_reason)],
         usage=tokens,
     )
 

@@ -65,15 +65,23 @@ class ChunkWriter:
         choice |= {"logprobs": None, "finish_reason": None}
         return self._event([choice], self._running_usage(), None)
 
-    def tokens(self, text: str, num_tokens: int, finish_reason: str | None, **extra: Any) -> str:
-        """A chunk with new text (and the finish reason on the last one); ``extra`` adds
-        non-standard top-level fields (the router's stage timings)."""
+    def tokens(
+        self,
+        text: str,
+        num_tokens: int,
+        finish_reason: str | None,
+        logprobs: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> str:
+        """A chunk with new text (and the finish reason on the last one); ``logprobs`` is the
+        choice's logprobs object; ``extra`` adds non-standard top-level fields (the router's
+        stage timings)."""
         self.num_output_tokens += num_tokens
         if self.kind == "chat":
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
         else:
             choice = {"index": 0, "text": text}
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
+        choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
         return self._event([choice], self._running_usage(), extra)
 
     def usage(self, usage: Usage) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from epd_engine.request import CacheKind
+from epd_engine.sampling import SamplingParams
 
 
 class ImageInfo(BaseModel):
@@ -29,12 +30,25 @@ class ImageInfo(BaseModel):
 
 
 class SamplingInfo(BaseModel):
+    """``SamplingParams`` on the wire (every field, so a migrated request samples the same)."""
+
     max_tokens: int
     temperature: float
     top_p: float
+    top_k: int = 0
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> SamplingInfo:
+        return cls(**{**vars(params), "stop": list(params.stop)})
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(**{**self.model_dump(), "stop": tuple(self.stop)})
 
 
 class Routing(BaseModel):

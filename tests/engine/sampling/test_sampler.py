@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from epd_engine.sampler import Sampler, SamplingRow, SamplingSpec
-from epd_engine.sampling import SamplingParams
+from epd_engine.sampler import Sampler
+from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
 
 CPU = torch.device("cpu")
 LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, -3.0]  # token 0 most likely, 5 least
@@ -165,3 +165,37 @@ def test_one_step_of_mixed_requests_synchronises_the_gpu_once():
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+def reference_cut(row: torch.Tensor, top_k: int, top_p: float) -> set[int]:
+    """The top-k then top-p set by a full sort, written out plainly."""
+    order = row.argsort(descending=True).tolist()[: top_k or len(row)]
+    probs = row[order].softmax(-1).tolist()
+    kept, mass = set(), 0.0
+    for token, p in zip(order, probs, strict=True):
+        if mass >= top_p:
+            break
+        kept.add(token)
+        mass += p
+    return kept
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "spread"),
+    [
+        (0, 0.9, 0.1),  # flat: the nucleus reaches past the first candidates (full sort)
+        (0, 0.9, 8.0),  # peaked: the candidates hold it
+        (2000, 0.95, 0.1),  # top-k wider than the candidates
+        (50, 0.8, 0.1),
+        (50, 1.0, 0.1),
+    ],
+)
+def test_top_k_top_p_sets_equal_a_full_sort_on_a_large_vocabulary(top_k, top_p, spread):
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 5000, generator=gen) * spread
+    params = [SamplingParams(top_k=top_k, top_p=top_p)] * 3
+    cut = logits.clone()
+    Sampler._truncate(cut, params)
+    for row in range(3):
+        kept = set(torch.isfinite(cut[row]).nonzero().flatten().tolist())
+        assert kept == reference_cut(logits[row], top_k, top_p)
