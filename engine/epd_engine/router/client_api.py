@@ -182,6 +182,13 @@ async def _sse(
     chunks: AsyncIterator[ClientChunk], inflight: InflightRequest, writer: ChunkWriter
 ) -> AsyncIterator[str]:
     started = False
+    if not writer.continuous_usage:
+        # The role chunk at once, as OpenAI sends it (a client that leaves before the first
+        # token is then seen leaving). Running usage needs the prompt's length, which the
+        # first event brings: with continuous_usage_stats the chunk waits for it.
+        started = True
+        if opening := writer.start(0):
+            yield opening
     pending_tokens = 0  # tokens whose text is still held back (stop strings)
     async for chunk in chunks:
         if not started:  # the prompt's length is known once the first event arrived

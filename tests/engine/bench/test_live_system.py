@@ -18,7 +18,7 @@ from epd_engine.bench.driver import DriverConfig, replay
 from epd_engine.bench.metrics import summarize
 from epd_engine.bench.payloads import prompt_text
 from epd_engine.bench.token_prompts import TokenExactPrompts
-from epd_engine.config import Method
+from epd_engine.config import Method, internal_token
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
 from epd_engine.trace import ImageRef, TraceRecord, parse_trace
 from tests.engine.bench.peer_aiperf import AIPERF_VERSION, aiperf_bin, run_aiperf
@@ -26,6 +26,7 @@ from tests.engine.disagg.systems import ENGINE_ARGS, plan_for
 
 pytestmark = pytest.mark.slow
 IMAGE_TOKENS = 16  # the tiny checkpoint's image_seq_length
+INTERNAL = {"X-EPD-Token": internal_token()}  # the trace is internal
 
 
 @dataclass
@@ -70,7 +71,9 @@ def bench_config(system: System, **kw: object) -> DriverConfig:
 
 
 def router_trace(system: System, ids_from: float) -> list[TraceRecord]:
-    text = httpx.get(f"{system.router}/v1/trace", params={"since": ids_from}, timeout=10).text
+    text = httpx.get(
+        f"{system.router}/v1/trace", params={"since": ids_from}, headers=INTERNAL, timeout=10
+    ).text
     return parse_trace(text.splitlines())
 
 
@@ -101,13 +104,21 @@ def test_bench_prompts_are_token_exact_and_checked_against_usage(system: System,
 def test_replaying_the_routers_trace_reproduces_it(system: System) -> None:
     """Recorded prompt tokens include the chat template; a template-mode replay sends exactly
     that many, with the recorded images (same hashes, sizes) and output lengths."""
-    clock = float(httpx.get(f"{system.router}/v1/trace", timeout=10).headers["X-EPD-Trace-Clock-S"])
+    clock = float(
+        httpx.get(f"{system.router}/v1/trace", headers=INTERNAL, timeout=10).headers[
+            "X-EPD-Trace-Clock-S"
+        ]
+    )
     prompts = TokenExactPrompts.from_model_dir(system.model_dir)
     first = replay(trace(6), bench_config(system, prompts=prompts))
     assert all(r.ok for r in first)
     recorded = sorted(router_trace(system, clock), key=lambda r: r.prompt_tokens)  # all differ
     assert len(recorded) == 6
-    clock = float(httpx.get(f"{system.router}/v1/trace", timeout=10).headers["X-EPD-Trace-Clock-S"])
+    clock = float(
+        httpx.get(f"{system.router}/v1/trace", headers=INTERNAL, timeout=10).headers[
+            "X-EPD-Trace-Clock-S"
+        ]
+    )
     again = replay(recorded, bench_config(system, prompts=prompts))
     assert summarize(again).num_prompt_mismatches == 0
     replayed = sorted(router_trace(system, clock), key=lambda r: r.prompt_tokens)
@@ -202,7 +213,11 @@ def test_aiperf_runs_clean_and_agrees_with_the_routers_trace(
     binary = aiperf_bin()
     if binary is None:
         pytest.skip(f"cannot install aiperf=={AIPERF_VERSION} (needs uv and PyPI)")
-    clock = float(httpx.get(f"{system.router}/v1/trace", timeout=10).headers["X-EPD-Trace-Clock-S"])
+    clock = float(
+        httpx.get(f"{system.router}/v1/trace", headers=INTERNAL, timeout=10).headers[
+            "X-EPD-Trace-Clock-S"
+        ]
+    )
     aggregate, records = run_aiperf(
         binary, system.router, system.model_dir, tmp_path / "aiperf", requests=12, warmup=2
     )
