@@ -107,10 +107,13 @@ def reference(system: LocalSystem) -> list[str]:
 
 
 def restored(system: LocalSystem, timeout_s: float = 240) -> None:
-    """Every planned instance registered again, and a request goes through."""
+    """Every child alive again (the supervisor restarts a killed one after its back-off),
+    every planned instance registered, and a request goes through. Without the first check
+    a 2-instance pool served through its survivor while the router still listed the dead
+    one, and the next fault was sent to a process that no longer existed."""
     deadline = time.monotonic() + timeout_s
     want = system.spec.plan.num_instances
-    while system.registered() < want:
+    while system.dead() or system.registered() < want:
         assert time.monotonic() < deadline, f"{system.registered()}/{want} back"
         time.sleep(0.5)
     body = {"model": "tiny-llava", "messages": messages(1), "max_tokens": 2}
