@@ -122,10 +122,7 @@ class MigrationManager:
         if request.request_id in self.watches and await self._finish_early(request, stream):
             return
         kind = CacheKind.IMAGE if request.next_stage is Stage.PREFILL else CacheKind.KV
-        exposed = await self.engine.call_async(
-            lambda: self.engine.engine.exposed_pages(request.request_id)
-        )
-        image_pages, kv_pages = cast(tuple[tuple[tuple[int, ...], ...], tuple[int, ...]], exposed)
+        image_pages, kv_pages = await self._exposed_pages(request.request_id)
         pages = kv_pages if kind is CacheKind.KV else [p for ps in image_pages for p in ps]
         self.exports.expose(request.request_id, kind, pages)
         offer = self._offer(request, stream, kind, image_pages, kv_pages)
@@ -136,6 +133,13 @@ class MigrationManager:
         log.error("no %s instance took %s", request.next_stage.value, request.request_id)
         self.release(request.request_id)
         await self.link.retry(stream.routing, f"no instance for {request.next_stage.value}")
+
+    async def _exposed_pages(
+        self, request_id: str
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """A parked request's image pages (per image) and KV pages, read on the engine thread."""
+        exposed = await self.engine.call_async(lambda: self.engine.engine.exposed_pages(request_id))
+        return cast(tuple[tuple[tuple[int, ...], ...], tuple[int, ...]], exposed)
 
     async def _place(self, offer: MigrationOffer, stage: Stage) -> InstanceLoad | None:
         """Offer to the least-loaded instance of ``stage`` that takes it; None if none does."""
@@ -273,10 +277,7 @@ class MigrationManager:
         if target is None or self.watches.get(request.request_id) is not watch:
             self.watches.pop(request.request_id, None)
             return False
-        exposed = await self.engine.call_async(
-            lambda: self.engine.engine.exposed_pages(request.request_id)
-        )
-        _, kv_pages = cast(tuple[object, tuple[int, ...]], exposed)
+        _, kv_pages = await self._exposed_pages(request.request_id)
         self.exports.expose(request.request_id, CacheKind.KV, kv_pages)
         watch.pages = kv_pages
         watch.done = PrefillDone(
