@@ -12,7 +12,6 @@ from transformers import AutoTokenizer
 
 from epd_engine.detokenizer import Detokenizer
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llava"
 PIECES = [
     "héllo",
     " wörld",
@@ -67,8 +66,8 @@ class FullRedecode:
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(MODEL)
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def run(detok, ids: list[int]) -> tuple[str, int | None]:
