@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
 from collections import defaultdict
 from typing import Any
-from urllib.parse import urlsplit
 
 import h11
+
+from epd_engine.h11_client import connect, parse_target, read_answer
 
 Origin = tuple[str, int, bool]  # host, port, https
 MAX_IDLE_S = 4.0
@@ -41,19 +41,7 @@ class _Connection:
         data = self.h11.send(h11.Request(method="POST", target=target, headers=head))
         self.writer.write(b"".join([data or b"", self.h11.send(h11.Data(data=body)) or b""]))
         self.writer.write(self.h11.send(h11.EndOfMessage()) or b"")
-        status, answer = 0, bytearray()
-        while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                self.h11.receive_data(await self.reader.read(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                answer += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                return Answer(status, bytes(answer))
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionError("the instance closed the connection before answering")
+        return Answer(*await read_answer(self.h11, self.reader, "instance"))
 
     def recycle(self) -> bool:
         """Ready the connection for its next request; False when it cannot take one."""
@@ -92,15 +80,13 @@ class KeepAliveClient:
     ) -> Answer:
         """POST ``payload`` as JSON. Raises OSError, TimeoutError or h11.ProtocolError and
         never retries: a request that may have run is not sent twice."""
-        parts = urlsplit(url)
-        https = parts.scheme == "https"
-        origin = (parts.hostname or "", parts.port or (443 if https else 80), https)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        target = parse_target(url)
+        origin = (target.host, target.port, target.https)
         body = json.dumps(payload, separators=(",", ":")).encode()
         connection = await self._acquire(origin)
         try:
             answer = await asyncio.wait_for(
-                connection.post(target, parts.netloc, body, headers), timeout_s
+                connection.post(target.path, target.netloc, body, headers), timeout_s
             )
         except BaseException:  # failed, timed out or cancelled mid-request: not reusable
             connection.close()
@@ -118,12 +104,7 @@ class KeepAliveClient:
             if connection.reusable:
                 return connection
             connection.close()
-        host, port, https = origin
-        context = ssl.create_default_context() if https else None
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=context), self.connect_timeout_s
-        )
-        return _Connection(reader, writer)
+        return _Connection(*await connect(*origin, self.connect_timeout_s))
 
     def close(self) -> None:
         for connections in self._idle.values():

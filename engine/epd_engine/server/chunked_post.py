@@ -9,10 +9,10 @@ held by the engine thread). h11 does the framing and parses the answer.
 from __future__ import annotations
 
 import asyncio
-import ssl
-from urllib.parse import urlsplit
 
 import h11
+
+from epd_engine.h11_client import connect, parse_target, read_answer
 
 
 class ChunkedPost:
@@ -25,17 +25,11 @@ class ChunkedPost:
 
     @classmethod
     async def open(cls, url: str, headers: dict[str, str], timeout_s: float) -> ChunkedPost:
-        parts = urlsplit(url)
-        https = parts.scheme == "https"
-        context = ssl.create_default_context() if https else None
-        port = parts.port or (443 if https else 80)
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(parts.hostname, port, ssl=context), timeout_s
-        )
-        post = cls(reader, writer)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        head = [("Host", parts.netloc), ("Transfer-Encoding", "chunked"), *headers.items()]
-        writer.write(post._conn.send(h11.Request(method="POST", target=target, headers=head)))
+        target = parse_target(url)
+        post = cls(*await connect(target.host, target.port, target.https, timeout_s))
+        head = [("Host", target.netloc), ("Transfer-Encoding", "chunked"), *headers.items()]
+        request = h11.Request(method="POST", target=target.path, headers=head)
+        post._writer.write(post._conn.send(request))
         return post
 
     @property
@@ -59,17 +53,4 @@ class ChunkedPost:
         self._writer.close()
 
     async def _read_answer(self) -> tuple[int, bytes]:
-        status = 0
-        body = bytearray()
-        while True:
-            event = self._conn.next_event()
-            if event is h11.NEED_DATA:  # b"" at the end: h11 tells a whole answer from a cut one
-                self._conn.receive_data(await self._reader.read(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                return status, bytes(body)
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionError("the server closed the connection before answering")
+        return await read_answer(self._conn, self._reader, "server")
