@@ -33,15 +33,16 @@ from typing import Any
 from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.distributions import SizeChoice, Uniform
 from epd_engine.bench.workloads import WorkloadShape, synthesize
-from epd_engine.config import SLO
+from epd_engine.config import SLO, Role
+from epd_engine.plan import Budgets
 from epd_engine.profiler import simulator
-from epd_engine.profiler.cost_model import load_cost_model
+from epd_engine.profiler.cost_model import Capacity, load_cost_model
 from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import exhaustive_search, heuristic_search, table_rows
 from epd_engine.profiler.search_legacy import bisection_search
 from epd_engine.profiler.sim_instance import build_scheduler
-from epd_engine.scheduler import Scheduler
+from epd_engine.profiler.sim_scheduler import EngineScheduler, SimScheduler
 from epd_engine.trace import TraceRecord
 
 MIXED = WorkloadShape(
@@ -150,9 +151,8 @@ def mixed_trace(num: int, seed: int) -> list[TraceRecord]:
 def engine_scheduler() -> Iterator[None]:
     """The simulator as it was before: the engine's ``Scheduler``, payloads and all."""
 
-    def build(*args: Any) -> Scheduler:
-        fast = build_scheduler(*args)
-        return Scheduler(fast.role, fast.limits, fast.kv, fast.images)
+    def build(role: Role, budgets: Budgets, capacity: Capacity, *_: Any) -> SimScheduler:
+        return build_scheduler(role, budgets, capacity, EngineScheduler)
 
     simulator.build_scheduler = build  # type: ignore[assignment]
     try:

@@ -22,6 +22,8 @@ from epd_engine.config import SLO
 from epd_engine.request import Request
 from epd_engine.trace import TraceRecord
 
+_DECODE = "decode"
+
 
 def allowed_late_gaps(num_gaps: int) -> int:
     """Late gaps a request may have with nearest-rank p90 still on time (``trace.nearest_rank``)."""
@@ -75,10 +77,25 @@ class RequestTracker:
             self._started_s[(index, stage)] = now
             self._add(index, f"{stage}_queue", now - ready)
 
+    def decodes_started(self, requests: Sequence[Request], now: float) -> None:
+        """``stage_started(index, "decode", now)`` for each request decoding this iteration
+        (only a request's first decode here closes a queue: the rest are one lookup each)."""
+        ready = self._ready_s
+        for request in requests:
+            key = (int(request.request_id), _DECODE)
+            if key in ready:
+                self._started_s[key] = now
+                self._add(key[0], "decode_queue", now - ready.pop(key))
+
     def stage_done(self, index: int, stage: str, now: float) -> None:
         started = self._started_s.pop((index, stage), None)
         if started is not None:
             self._add(index, stage, now - started)
+
+    def tokens(self, request_ids: Sequence[str], now: float) -> None:
+        """A token for each request (ids: the record's index), all at ``now``."""
+        for request_id in request_ids:
+            self.token(int(request_id), now)
 
     def token(self, index: int, now: float) -> None:
         if self.first_s[index] is None:
