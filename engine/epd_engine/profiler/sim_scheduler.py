@@ -163,14 +163,30 @@ class SimScheduler(Scheduler):
         applied = Applied()
         self._apply_encodes(out)
         requests = self.requests
+        max_model_len = self.limits.max_model_len
+        tokens = applied.tokens
+        still_decoding: set[str] = set()  # decoded, not finished: still at decode, and local
         for scheduled in out.decoding:
-            request = requests.get(scheduled.request_id)
+            request_id = scheduled.request_id
+            request = requests.get(request_id)
             if request is None or request.status is not _RUNNING:
                 continue  # aborted while the batch ran
-            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
-            sample = num_tokens == request.num_computed_tokens + 1  # the task's ``sample``
+            output = request.output_token_ids
+            num_prompt = len(request.prompt_token_ids)
             request.num_computed_tokens += 1
-            if sample:
+            if num_prompt + len(output) != request.num_computed_tokens:
+                continue  # the task's ``sample`` was False
+            params = request.sampling
+            num_output = len(output) + 1
+            if (
+                params.ignore_eos
+                and num_output < params.max_tokens
+                and num_prompt + num_output < max_model_len
+            ):  # ``_sample``'s common case, inline: a token and no finish
+                output.append(0)
+                tokens.append(request_id)
+                still_decoding.add(request_id)
+            else:
                 self._sample(request, applied)
         for task in out.prefills:
             request = requests.get(task.request_id)
@@ -179,9 +195,19 @@ class SimScheduler(Scheduler):
             request.num_computed_tokens += len(task.token_ids)
             if task.sample:
                 self._sample(request, applied)
+        self._after_step_all(still_decoding)
+        return applied
+
+    def _after_step_all(self, still_decoding: set[str]) -> None:
+        """``Scheduler._after_step`` for every running request, in order. A request that just
+        decoded here and goes on is at decode, which this role runs: only the release."""
         stages = self._stages
         images = self.images
-        for request in list(self.running):  # ``_after_step``
+        for request in list(self.running):
+            if request.request_id in still_decoding:
+                if images is not None:
+                    images.release(request.request_id)
+                continue
             stage = next_stage(request)
             if stage is _DECODE and images is not None:
                 images.release(request.request_id)  # prefill consumed the embeddings
@@ -189,7 +215,6 @@ class SimScheduler(Scheduler):
                 self.running.remove(request)
                 request.status = RequestStatus.MIGRATING
                 self.migrating[request.request_id] = request
-        return applied
 
     def _apply_encodes(self, out: SchedulerOutput) -> None:
         for encode in out.encodes:

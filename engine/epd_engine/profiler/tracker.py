@@ -94,21 +94,24 @@ class RequestTracker:
 
     def tokens(self, request_ids: Sequence[str], now: float) -> None:
         """A token for each request (ids: the record's index), all at ``now``."""
+        first_s, last_s, gaps = self.first_s, self.last_s, self.gaps
+        tpot_s = self.slo.tpot_s if self.slo is not None else None
         for request_id in request_ids:
-            self.token(int(request_id), now)
+            index = int(request_id)
+            if first_s[index] is None:
+                first_s[index] = now
+            else:
+                gap = now - last_s[index]
+                gaps[index].append(gap)
+                if tpot_s is not None and gap > tpot_s:
+                    self._late_gap(index)
+            last_s[index] = now
 
-    def token(self, index: int, now: float) -> None:
-        if self.first_s[index] is None:
-            self.first_s[index] = now
-        else:
-            gap = now - self.last_s[index]
-            self.gaps[index].append(gap)
-            if self.slo is not None and gap > self.slo.tpot_s:
-                self._late[index] += 1
-                num_gaps = self.records[index].output_tokens - 1
-                if self._late[index] > allowed_late_gaps(num_gaps):
-                    self._miss(index)
-        self.last_s[index] = now
+    def _late_gap(self, index: int) -> None:
+        self._late[index] += 1
+        num_gaps = self.records[index].output_tokens - 1
+        if self._late[index] > allowed_late_gaps(num_gaps):
+            self._miss(index)
 
     def finish(self, index: int, now: float) -> None:
         self.finish_s[index] = now
