@@ -93,8 +93,8 @@ def exhaustive_search(
             while len(in_flight) < pool.capacity and (job := search.next_job(pool.capacity)):
                 candidate, index = job
                 in_flight[pool.simulate(candidate, evaluator.grid.rate(index))] = job
-            if not in_flight:
-                break
+            if not in_flight or search.finished:
+                break  # moot simulations still running are stopped with the pool
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             for future in done:
                 candidate, index = in_flight.pop(future)
