@@ -30,31 +30,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mixed_trace import MIXED, MIXED_RATE_RPS, MIXED_SLO, mixed_trace
+
 from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.distributions import SizeChoice, Uniform
-from epd_engine.bench.workloads import WorkloadShape, synthesize
-from epd_engine.config import SLO
+from epd_engine.bench.workloads import synthesize
+from epd_engine.config import SLO, Role
+from epd_engine.plan import Budgets
 from epd_engine.profiler import simulator
-from epd_engine.profiler.cost_model import load_cost_model
+from epd_engine.profiler.cost_model import Capacity, load_cost_model
 from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import exhaustive_search, heuristic_search, table_rows
 from epd_engine.profiler.search_legacy import bisection_search
 from epd_engine.profiler.sim_instance import build_scheduler
-from epd_engine.scheduler import Scheduler
+from epd_engine.profiler.sim_scheduler import EngineScheduler, SimScheduler
 from epd_engine.trace import TraceRecord
-
-MIXED = WorkloadShape(
-    "mixed",
-    "issue 19: 0-3 images, prompts 20-600, outputs 10-300",
-    "issue 19 (independent mixed trace)",
-    prompt_tokens=Uniform(20, 600),
-    output_tokens=Uniform(10, 300),
-    image_sizes=SizeChoice([(640, 480), (1024, 768), (336, 336)]),
-    images_per_request=Uniform(0, 3),
-)
-MIXED_SLO = SLO(ttft_s=0.5, tpot_s=0.04)
-MIXED_RATE_RPS = 40.0
 
 # (name, workload, ttft_s, tpot_s): HydraInfer's TextCaps under a tight TTFT, and EPD-Serve's
 # mixed VisualWebInstruct (half text-only, 64 tokens out) at its SLOs (2 s / 50 ms, 0.8 s / 30 ms).
@@ -142,17 +132,12 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def mixed_trace(num: int, seed: int) -> list[TraceRecord]:
-    return synthesize(MIXED, num, ArrivalSpec("poisson", MIXED_RATE_RPS), seed=seed)
-
-
 @contextmanager
 def engine_scheduler() -> Iterator[None]:
     """The simulator as it was before: the engine's ``Scheduler``, payloads and all."""
 
-    def build(*args: Any) -> Scheduler:
-        fast = build_scheduler(*args)
-        return Scheduler(fast.role, fast.limits, fast.kv, fast.images)
+    def build(role: Role, budgets: Budgets, capacity: Capacity, *_: Any) -> SimScheduler:
+        return build_scheduler(role, budgets, capacity, EngineScheduler)
 
     simulator.build_scheduler = build  # type: ignore[assignment]
     try:

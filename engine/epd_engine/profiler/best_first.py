@@ -55,6 +55,11 @@ class BestFirst:
         return (self.best.goodput_rps or 0.0) if self.best is not None else 0.0
 
     @property
+    def finished(self) -> bool:
+        """Every candidate settled or pruned: simulations still in flight are moot."""
+        return not self.queue and not self.active
+
+    @property
     def num_settled(self) -> int:
         return len(self.settled)
 

@@ -8,7 +8,8 @@ Because all candidates share the grid, comparing two plans is comparing two inte
 exhaustive search asks, not an approximation of it (docs/planning.md, "Exact and fast").
 
 A ``Bracket`` holds what is known of one candidate (highest passing index, lowest failing
-one) and proposes the next index to simulate; several may be in flight at once (workers).
+one) and proposes the next index to simulate; several may be in flight at once (workers):
+down from the bound in doubling steps until something passes, then bisection.
 It assumes, as every goodput search does, that attainment falls as the rate grows.
 """
 
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from epd_engine.bench.goodput import RatePoint
 
 MAX_RPS = 1e6  # the grid's ceiling when a plan has no finite bound
-FIRST_LOOK = 4.0  # a search with no pass yet looks within this factor under its lowest fail
 DEPTH = 512.0  # failing at bound / DEPTH means goodput 0 (the old bisection's min_rps)
 
 
@@ -55,7 +55,7 @@ class RateGrid:
         """A fresh search for a plan whose goodput is at most ``bound_rps``."""
         top = self.floor_index(bound_rps)
         start = None if start_rps is None else self.floor_index(start_rps)
-        return Bracket(top, top - self.span(DEPTH), self.span(FIRST_LOOK), start=start)
+        return Bracket(top, top - self.span(DEPTH), start=start)
 
 
 @dataclass
@@ -70,7 +70,6 @@ class Bracket:
 
     top: int
     bottom: int
-    first_look: int  # indices under the lowest fail a search with no pass yet looks within
     floor: int | None = None
     start: int | None = None  # where a first search probes first (a re-plan's hint)
     passed: int | None = None
@@ -132,13 +131,23 @@ class Bracket:
             ):
                 return step
         high = self.failed if self.failed is not None else self.top + 1
-        if self.passed is not None:
-            low = self.passed
-        else:  # no pass yet: look in the quarter under the lowest failure (or the bound)
-            low = max(self.bottom - 1, high - self.first_look)
+        if self.passed is None:
+            return self._gallop(high)
+        low = self.passed
         marks = sorted({low, high, *(k for k in self.in_flight if low < k < high)})
         gaps = [(b - a, a, b) for a, b in itertools.pairwise(marks)]
         width, a, b = max(gaps, key=lambda g: (g[0], g[1]))  # widest; the higher on ties
         if width <= 1:
             return None
         return (a + b) // 2
+
+    def _gallop(self, high: int) -> int | None:
+        """No pass yet: down from the bound in doubling steps (top, top-1, top-3, top-7, ...).
+
+        The bound is usually tight (mixed traces: goodput one or two indices under it), so
+        the first two probes often settle the search, and a probe over capacity is cheap: it
+        stops as soon as the SLO is lost. Bisection starts once something passes."""
+        lowest = min([high, *self.in_flight])
+        if lowest <= self.bottom:
+            return None
+        return max(self.bottom, lowest - max(1, self.top + 1 - lowest))

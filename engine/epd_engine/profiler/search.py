@@ -5,7 +5,8 @@ Exhaustive, best-first on a shared rate grid (``best_first``, ``rate_grid``): ca
 visited in order of their goodput bound (``bounds.goodput_bound``); each is first simulated
 at its floor, the lowest grid rate at which it would beat the best so far, with an
 early-stopping simulation: failing there proves it cannot win; passing starts its search
-above the floor. Once a bound is under the floor, it and every later candidate are pruned.
+above the floor. The first one (no floor yet) is probed down from its bound, usually tight.
+Once a bound is under the floor, it and every later candidate are pruned.
 The chosen plan is the one simulating every candidate would choose (docs/planning.md).
 """
 
@@ -93,8 +94,8 @@ def exhaustive_search(
             while len(in_flight) < pool.capacity and (job := search.next_job(pool.capacity)):
                 candidate, index = job
                 in_flight[pool.simulate(candidate, evaluator.grid.rate(index))] = job
-            if not in_flight:
-                break
+            if not in_flight or search.finished:
+                break  # moot simulations still running are stopped with the pool
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             for future in done:
                 candidate, index = in_flight.pop(future)

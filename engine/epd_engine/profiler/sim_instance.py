@@ -1,4 +1,5 @@
-"""One simulated engine instance: the real ``Scheduler`` with real cache managers, no model.
+"""One simulated engine instance: the real scheduler (``SimScheduler``) with real cache
+managers, no model.
 
 Also turns trace records into the engine's ``Request`` objects the scheduler consumes.
 """
@@ -12,62 +13,22 @@ from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role, Stage
 from epd_engine.plan import Budgets
 from epd_engine.profiler.cost_model import Capacity, FittedCostModel
-from epd_engine.request import ImageRef, Request, RequestStatus
+from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
+from epd_engine.request import ImageRef, Request
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.sampling import SamplingParams
-from epd_engine.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
-from epd_engine.scheduler.output import TokenTask
+from epd_engine.scheduler import SchedulerLimits
 from epd_engine.trace import TraceRecord
 
-_NO_BLOCKS: list[int] = []  # shared, never mutated: the simulator runs no model
 
-
-class SimScheduler(Scheduler):
-    """The real scheduler, making every decision the engine's would, but handing out tasks
-    without the payload only a model runner reads (token ids, block table, image rows).
-
-    Building those payloads was most of a simulated decode step (``docs/planning.md``,
-    "Where the time goes"): a copy of the whole sequence per token. What the simulator reads
-    of a task (its token count, start position, ``sample``) is the same; the test
-    ``test_sim_scheduler_decides_like_the_engine`` holds the two to identical outputs.
-    """
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._stages = self.role.stages
-        self._zeros: list[int] = []  # token ids never matter: slices of one shared list
-
-    def _local(self, request: Request, stage: Stage) -> bool:
-        # Same rule as the engine's, with the role's stages computed once.
-        return stage in self._stages and request.next_stage is stage
-
-    def _after_step(self, request: Request) -> None:
-        # The engine's rule (``Scheduler._after_step``) with the role's stages computed once.
-        stage = request.next_stage
-        if stage is Stage.DECODE and self.images is not None:
-            self.images.release(request.request_id)
-        if stage not in self._stages and not request.pulling:
-            self.running.remove(request)
-            request.status = RequestStatus.MIGRATING
-            self.migrating[request.request_id] = request
-
-    def _token_task(self, request: Request, stage: Stage, num_tokens: int) -> TokenTask:
-        start = request.num_computed_tokens
-        stop = start + num_tokens
-        if len(self._zeros) < num_tokens:
-            self._zeros = [0] * max(num_tokens, 2 * len(self._zeros))
-        return TokenTask(
-            request_id=request.request_id,
-            stage=stage,
-            token_ids=self._zeros[:num_tokens],
-            start_position=start,
-            block_table=_NO_BLOCKS,
-            sample=stop == request.num_tokens,
-        )
-
-
-def build_scheduler(role: Role, budgets: Budgets, capacity: Capacity) -> Scheduler:
-    """A scheduler set up the way ``LLMEngine`` sets up its own (``SimScheduler``)."""
+def build_scheduler(
+    role: Role,
+    budgets: Budgets,
+    capacity: Capacity,
+    kind: type[SimScheduler] = SimScheduler,
+) -> SimScheduler:
+    """A scheduler set up the way ``LLMEngine`` sets up its own (``kind``: ``EngineScheduler``
+    for the reference path)."""
     kv = (
         KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size)
         if role.needs_language
@@ -85,15 +46,15 @@ def build_scheduler(role: Role, budgets: Budgets, capacity: Capacity) -> Schedul
         max_num_running=capacity.max_num_running,
         max_model_len=capacity.max_model_len,
     )
-    return SimScheduler(role, limits, kv, images)
+    return kind(role, limits, kv, images)
 
 
 @dataclass
 class SimInstance:
     index: int
     role: Role
-    scheduler: Scheduler
-    step: SchedulerOutput | None = None  # the iteration in flight (the instance is busy)
+    scheduler: SimScheduler
+    step: SimOutput | None = None  # the iteration in flight (the instance is busy)
     num_incoming: int = 0  # migrations on their way here: queued in the real protocol's step 1
     handed_off: set[str] = field(default_factory=set)  # migrating requests already dispatched
     busy_s: float = 0.0

@@ -25,13 +25,14 @@ from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Stage
 from epd_engine.plan import Plan
 from epd_engine.profiler.budgets import derive_budgets
-from epd_engine.profiler.cost_model import BatchShape, FittedCostModel
+from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
+from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
 from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
-from epd_engine.scheduler.output import PullTask, SchedulerOutput
+from epd_engine.scheduler.output import PullTask
 from epd_engine.trace import TraceRecord
 
 _ARRIVE, _STEP, _OFFER, _PULLED, _DEADLINE = range(5)
@@ -67,11 +68,14 @@ class Simulator:
         slo: SLO | None = None,
         policy: RoutingPolicy | None = None,
         host_cores: float | None = None,
+        scheduler_kind: type[SimScheduler] = SimScheduler,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
         on one machine); an iteration stretches by busy instances / cores when oversubscribed,
         and calibrated overheads by the plan's ``cpu_share``. None: every instance has its
-        own device (GPU pods)."""
+        own device (GPU pods). ``scheduler_kind``: ``EngineScheduler`` runs the engine's own
+        scheduler code step by step (the reference the fast path is tested against)."""
+        self.scheduler_kind = scheduler_kind
         self.plan = plan
         self.cost = cost
         self.host_cores = host_cores
@@ -101,7 +105,9 @@ class _Run:
         if not sim.infeasible:
             for role in sim.plan.method.roles:
                 for _ in range(sim.plan.pools[role]):
-                    scheduler = build_scheduler(role, sim.budgets[role], sim.cost.capacity)
+                    scheduler = build_scheduler(
+                        role, sim.budgets[role], sim.cost.capacity, sim.scheduler_kind
+                    )
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
         static = [i.load() for i in self.instances]
         by_id = {i.instance_id: i for i in self.instances}
@@ -187,7 +193,7 @@ class _Run:
             self.note_errors(out.preempted_ids, now)
         if out.is_empty:
             return  # blocked on pages: a step or a released migration will kick it again
-        step_s = self.cost.runner_step_s(BatchShape.of(out)) + self.jitter.step_s()
+        step_s = self.cost.runner_step_s(out.shape()) + self.jitter.step_s()
         self.num_busy += 1
         if self.sim.host_cores:  # processor sharing, fixed at the iteration's start
             step_s *= max(1.0, self.num_busy / self.sim.host_cores)
@@ -197,8 +203,7 @@ class _Run:
             self.track.stage_started(int(encode.request_id), _ENCODE, now)
         for task in out.prefills:
             self.track.stage_started(int(task.request_id), _PREFILL, now)
-        for task in out.decodes:
-            self.track.stage_started(int(task.request_id), _DECODE, now)
+        self.track.decodes_started(out.decoding, now)
         self.num_steps += 1
         self.push(now + step_s, _STEP, inst.index)
 
@@ -208,13 +213,12 @@ class _Run:
         inst.step = None
         self.num_busy -= 1
         inst.changed()
-        sampled = {t.request_id: 0 for t in out.token_tasks if t.sample}
-        for event in inst.scheduler.update(out, sampled):
-            index = int(event.request_id)
-            self.track.token(index, now)
-            if event.finish_reason is not None:
-                self.track.stage_done(index, _DECODE, now)  # no-op if it ended at prefill
-                self.track.finish(index, now)
+        applied = inst.scheduler.apply(out)
+        self.track.tokens(applied.tokens, now)
+        for request_id in applied.finished:
+            index = int(request_id)
+            self.track.stage_done(index, _DECODE, now)  # no-op if it ended at prefill
+            self.track.finish(index, now)
         self.note_stages(inst, out, now)
         for task in out.pulls:  # step 2 done: the engine issues the pull after the iteration
             self.pull(inst, task, now)
@@ -224,7 +228,7 @@ class _Run:
                 self.hand_off(inst, request_id, now)
         self.kick(inst, now)
 
-    def note_stages(self, inst: SimInstance, out: SchedulerOutput, now: float) -> None:
+    def note_stages(self, inst: SimInstance, out: SimOutput, now: float) -> None:
         """Close the stages a request moved past this iteration; its next local one is ready.
         (Decode is the last stage: it closes when the request finishes.)"""
         ran = {(t.request_id, Stage.ENCODE) for t in out.encodes}

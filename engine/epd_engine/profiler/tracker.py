@@ -22,6 +22,8 @@ from epd_engine.config import SLO
 from epd_engine.request import Request
 from epd_engine.trace import TraceRecord
 
+_DECODE = "decode"
+
 
 def allowed_late_gaps(num_gaps: int) -> int:
     """Late gaps a request may have with nearest-rank p90 still on time (``trace.nearest_rank``)."""
@@ -75,23 +77,41 @@ class RequestTracker:
             self._started_s[(index, stage)] = now
             self._add(index, f"{stage}_queue", now - ready)
 
+    def decodes_started(self, requests: Sequence[Request], now: float) -> None:
+        """``stage_started(index, "decode", now)`` for each request decoding this iteration
+        (only a request's first decode here closes a queue: the rest are one lookup each)."""
+        ready = self._ready_s
+        for request in requests:
+            key = (int(request.request_id), _DECODE)
+            if key in ready:
+                self._started_s[key] = now
+                self._add(key[0], "decode_queue", now - ready.pop(key))
+
     def stage_done(self, index: int, stage: str, now: float) -> None:
         started = self._started_s.pop((index, stage), None)
         if started is not None:
             self._add(index, stage, now - started)
 
-    def token(self, index: int, now: float) -> None:
-        if self.first_s[index] is None:
-            self.first_s[index] = now
-        else:
-            gap = now - self.last_s[index]
-            self.gaps[index].append(gap)
-            if self.slo is not None and gap > self.slo.tpot_s:
-                self._late[index] += 1
-                num_gaps = self.records[index].output_tokens - 1
-                if self._late[index] > allowed_late_gaps(num_gaps):
-                    self._miss(index)
-        self.last_s[index] = now
+    def tokens(self, request_ids: Sequence[str], now: float) -> None:
+        """A token for each request (ids: the record's index), all at ``now``."""
+        first_s, last_s, gaps = self.first_s, self.last_s, self.gaps
+        tpot_s = self.slo.tpot_s if self.slo is not None else None
+        for request_id in request_ids:
+            index = int(request_id)
+            if first_s[index] is None:
+                first_s[index] = now
+            else:
+                gap = now - last_s[index]
+                gaps[index].append(gap)
+                if tpot_s is not None and gap > tpot_s:
+                    self._late_gap(index)
+            last_s[index] = now
+
+    def _late_gap(self, index: int) -> None:
+        self._late[index] += 1
+        num_gaps = self.records[index].output_tokens - 1
+        if self._late[index] > allowed_late_gaps(num_gaps):
+            self._miss(index)
 
     def finish(self, index: int, now: float) -> None:
         self.finish_s[index] = now

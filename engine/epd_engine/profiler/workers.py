@@ -63,8 +63,21 @@ class SimPool:
     ) -> None:
         global _EVALUATOR
         if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
+            self._stop(self._executor)
         _EVALUATOR = None
+
+    @staticmethod
+    def _stop(executor: ProcessPoolExecutor) -> None:
+        """Shut down without waiting for simulations still running: the search has its
+        answer, so they are moot (a probe beside the one that settled it). Their workers are
+        terminated and reaped (their CPU seconds still count in ``RUSAGE_CHILDREN``)."""
+        # ProcessPoolExecutor has no public way to stop a running task before Python 3.14.
+        workers = list((getattr(executor, "_processes", None) or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            process.join()
 
     @property
     def capacity(self) -> int:

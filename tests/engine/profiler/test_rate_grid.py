@@ -41,6 +41,16 @@ def test_bracket_finds_every_goodput_index_under_the_bound() -> None:
         assert len(set(parallel)) == len(parallel)  # never the same rate twice
 
 
+def test_a_tight_bound_settles_in_two_simulations() -> None:
+    """Goodput one index under the bound (issue 19's mixed traces): the search probes the
+    bound, then one under it, instead of bisecting up from half the bound (5 simulations)."""
+    grid = RateGrid(0.05)
+    top = grid.floor_index(43.8)
+    assert _search(grid, top - 1, 43.8) == [top, top - 1]
+    assert _search(grid, top - 1, 43.8, parallel=2) == [top, top - 1]
+    assert _search(grid, top, 43.8) == [top]
+
+
 def test_a_floor_settles_a_candidate_with_one_failing_simulation() -> None:
     grid = RateGrid(0.05)
     bracket = grid.bracket(100.0)

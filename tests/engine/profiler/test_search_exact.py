@@ -7,18 +7,11 @@ import pytest
 from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.distributions import SizeChoice, Uniform
 from epd_engine.bench.workloads import WorkloadShape, synthesize
-from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
-from epd_engine.profiler import simulator as simulator_module
+from epd_engine.config import SLO
 from epd_engine.profiler.best_first import grid_goodput
-from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import enumerate_candidates
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
-from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import Hint, exhaustive_search
-from epd_engine.profiler.sim_instance import SimScheduler, build_scheduler
-from epd_engine.profiler.simulator import simulate
-from epd_engine.scheduler import Scheduler
 
 from .factories import toy_cost_model
 
@@ -88,27 +81,3 @@ def test_a_replan_hint_changes_the_work_not_the_answer() -> None:
             cold.best.goodput_rps,
         )
     assert warm.num_simulations <= cold.num_simulations
-
-
-def test_sim_scheduler_decides_like_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The simulator's scheduler skips the runner's payloads (token ids, block tables) but
-    must make the engine scheduler's every decision: same tokens at the same times."""
-    trace = synthesize(SMALL_MIXED, 60, ArrivalSpec("poisson", 30.0), seed=5)
-    cost = reference_cost_model()
-    plans = [
-        Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 2}),
-        Plan(method=Method.ED_P, pools={Role.ED: 2, Role.P: 1}),
-        Plan(method=Method.EPD, pools={Role.EPD: 2}),
-    ]
-    fast = [simulate(p, trace, cost, SLO_MIXED).results for p in plans]
-    budgets = derive_budgets(cost, Role.EPD, SLO_MIXED)
-    assert budgets is not None
-    assert isinstance(build_scheduler(Role.EPD, budgets, cost.capacity), SimScheduler)
-
-    def engine_scheduler(*args: object) -> Scheduler:
-        built = build_scheduler(*args)  # type: ignore[arg-type]
-        return Scheduler(built.role, built.limits, built.kv, built.images)
-
-    monkeypatch.setattr(simulator_module, "build_scheduler", engine_scheduler)
-    engine = [simulate(p, trace, cost, SLO_MIXED).results for p in plans]
-    assert fast == engine
