@@ -7,6 +7,7 @@ encode; unreferenced images stay until the pages are needed (LRU).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epd_engine.cache.block_pool import BlockPool
@@ -30,20 +31,36 @@ class ImageCacheManager:
     def slots(self, request_id: str) -> list[ImageSlot]:
         return self._slots.get(request_id, [])
 
-    def acquire(self, request_id: str, content_hash: str, num_tokens: int) -> ImageSlot | None:
-        """Pages for the request's next image: a cache hit, fresh pages, or None if full."""
-        self.num_lookups += 1
-        hit = self.pool.lookup(content_hash)
-        if hit is not None:
-            self.num_hits += 1
-            slot = ImageSlot(hit, cached=True)
-        else:
-            blocks = self.pool.allocate(blocks_needed(num_tokens, self.block_tokens))
-            if blocks is None:
-                return None
-            slot = ImageSlot(blocks, cached=False)
-        self._slots.setdefault(request_id, []).append(slot)
-        return slot
+    def acquire_all(
+        self, request_id: str, images: Sequence[tuple[str, int]]
+    ) -> list[ImageSlot] | None:
+        """Pages for every ``(content_hash, num_tokens)`` image of a request, all or nothing.
+
+        Hits are pinned before any page is allocated: a cached image counted as present could
+        otherwise be evicted to make room for the request's other images.
+        """
+        slots: list[ImageSlot | None] = []
+        for content_hash, _ in images:
+            hit = self.pool.lookup(content_hash)
+            slots.append(None if hit is None else ImageSlot(hit, cached=True))
+        sizes = [blocks_needed(num_tokens, self.block_tokens) for _, num_tokens in images]
+        missing = sum(size for size, slot in zip(sizes, slots, strict=True) if slot is None)
+        if not self.pool.can_allocate(missing):
+            for slot in slots:
+                if slot is not None:
+                    self.pool.free(slot.blocks)
+            return None
+        acquired = []
+        for size, slot in zip(sizes, slots, strict=True):
+            if slot is None:
+                blocks = self.pool.allocate(size)
+                assert blocks is not None  # counted above
+                slot = ImageSlot(blocks, cached=False)
+            acquired.append(slot)
+        self.num_lookups += len(acquired)
+        self.num_hits += sum(slot.cached for slot in acquired)
+        self._slots.setdefault(request_id, []).extend(acquired)
+        return acquired
 
     def mark_encoded(self, content_hash: str, slot: ImageSlot) -> None:
         """Encode wrote the pages: publish them under the hash for later requests."""

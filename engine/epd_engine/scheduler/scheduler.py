@@ -221,17 +221,9 @@ class Scheduler:
             return self._admit_pull(request, out)
         if request.next_stage is Stage.ENCODE and self.role.runs(Stage.ENCODE):
             assert self.images is not None
-            need = sum(
-                blocks_needed(i.num_tokens, self.images.block_tokens)
-                for i in request.images[request.num_encoded_images :]
-                if not self.images.pool.contains(i.content_hash)
-            )
-            if not self.images.pool.can_allocate(need):
+            slots = self.images.acquire_all(request.request_id, _image_sizes(request))
+            if slots is None:
                 return False
-            for image in request.images:
-                slot = self.images.acquire(request.request_id, image.content_hash, image.num_tokens)
-                assert slot is not None
-            slots = self.images.slots(request.request_id)
             request.num_encoded_images = sum(slot.cached for slot in slots)
         request.status = RequestStatus.RUNNING
         return True
@@ -243,17 +235,10 @@ class Scheduler:
         task = PullTask(request.request_id, pull.kind, pull)
         if pull.kind is CacheKind.IMAGE:
             assert self.images is not None
-            block_tokens = self.images.block_tokens
-            need = sum(
-                blocks_needed(i.num_tokens, block_tokens)
-                for i in request.images
-                if not self.images.pool.contains(i.content_hash)
-            )
-            if not self.images.pool.can_allocate(need):
+            slots = self.images.acquire_all(request.request_id, _image_sizes(request))
+            if slots is None:
                 return False
-            for index, image in enumerate(request.images):
-                slot = self.images.acquire(request.request_id, image.content_hash, image.num_tokens)
-                assert slot is not None
+            for index, slot in enumerate(slots):
                 if not slot.cached:
                     task.image_blocks[index] = slot.blocks
         else:
@@ -329,25 +314,35 @@ class Scheduler:
     def _grow_kv(self, request: Request, num_total_tokens: int, out: SchedulerOutput) -> bool:
         """Pages for ``request``, preempting newer requests until they fit.
 
-        False when even alone it does not fit: then the request itself was preempted.
+        False when they do not fit now: either a newer request's pull is still writing into
+        its pages (then ``request`` waits a step, it is not preempted), or even alone it
+        does not fit (then ``request`` itself was preempted).
         """
         assert self.kv is not None
         while not self.kv.grow(request.request_id, num_total_tokens):
-            victim = self._newest_running_after(request)
-            if victim is None:
+            victim, pull_in_flight = self._newest_running_after(request)
+            if victim is not None:
+                self._preempt(victim, out)
+            elif pull_in_flight:
+                return False
+            else:
                 self._preempt(request, out)
                 return False
-            self._preempt(victim, out)
         return True
 
-    def _newest_running_after(self, anchor: Request) -> Request | None:
-        """The newest running request admitted after ``anchor`` (lowest priority), if any."""
+    def _newest_running_after(self, anchor: Request) -> tuple[Request | None, bool]:
+        """The newest running request admitted after ``anchor`` (lowest priority), if any,
+        and whether a newer one is pulling. A pulling request is never the victim: a transfer
+        is writing into its pages, and freeing them would hand them to another request."""
+        pull_in_flight = False
         for request in reversed(self.running):
             if request is anchor:
-                return None
-            if request.status is RequestStatus.RUNNING:
-                return request
-        return None
+                break
+            if request.pulling:
+                pull_in_flight = True
+            elif request.status is RequestStatus.RUNNING:
+                return request, pull_in_flight
+        return None, pull_in_flight
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Free everything and recompute later; generated tokens are kept."""
@@ -358,10 +353,16 @@ class Scheduler:
             out.evicted_ids.append(request.request_id)
             return
         self.running.remove(request)
-        self._release_pages(request)
+        if self.kv is not None:
+            self.kv.release(request.request_id)
+        if self.role.runs(Stage.ENCODE):
+            if self.images is not None:
+                self.images.release(request.request_id)
+            request.num_encoded_images = 0
+        # else the embeddings were pulled from an encode instance: keep them to recompute
+        # from, or the request would look unencoded and migrate back to the encode pool
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
-        request.num_encoded_images = 0
         request.num_preemptions += 1
         self.waiting.appendleft(request)
         out.preempted_ids.append(request.request_id)
@@ -411,3 +412,7 @@ class Scheduler:
             self.kv.release(request.request_id)
         if self.images is not None:
             self.images.release(request.request_id)
+
+
+def _image_sizes(request: Request) -> list[tuple[str, int]]:
+    return [(image.content_hash, image.num_tokens) for image in request.images]

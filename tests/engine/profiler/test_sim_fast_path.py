@@ -92,14 +92,7 @@ def test_fast_path_simulates_exactly_like_the_engine_scheduler(plan: Plan, seed:
     _assert_same(fast, reference)
 
 
-# E+PD is left out: under this pressure the engine scheduler preempts a PD request whose
-# image pull is in flight (``_newest_running_after`` does not skip ``pulling``), it is pulled
-# twice and both paths crash alike (KeyError in ``Simulator.pulled``); reported, not ours.
-@pytest.mark.parametrize(
-    "plan",
-    [p for p in PLANS if p.method is not Method.E_PD],
-    ids=lambda p: p.describe(),
-)
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
 def test_fast_path_preempts_and_evicts_like_the_engine_scheduler(plan: Plan) -> None:
     """Too few KV pages: decodes grow into pages others hold, requests are preempted
     (recomputed, or evicted on a decode-only instance) in the engine's order."""

@@ -177,6 +177,62 @@ def test_decode_only_instance_out_of_pages_evicts_instead_of_hanging() -> None:
     assert len(requests[0].output_token_ids) > 5
 
 
+def test_request_whose_pull_is_in_flight_is_never_preempted_for_pages() -> None:
+    """Defect: out of pages, a decode preempted the newest running request even while a
+    transfer was still writing into that request's pages; they went to another request and
+    the request was pulled a second time. Now the decode waits until the pull lands."""
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.D, num_kv_blocks=4, block_size=4)
+    old, new = (make_request(num_prompt_tokens=4, max_tokens=20) for _ in range(2))
+    for r in (old, new):  # migrated in: 4 prompt tokens + 1 output = 2 pages each
+        r.num_computed_tokens = 4
+        r.output_token_ids = [7]
+        r.pull = PullSpec(CacheKind.KV, "http://source", "p-0")
+    s.add(old)
+    run_step(s)
+    s.pull_done(old.request_id)
+    s.add(new)
+    out, _ = run_step(s)
+    assert [p.request_id for p in out.pulls] == [new.request_id]
+    for _ in range(6):  # old grows into a third page while new's pull is still in flight
+        out, _ = run_step(s)
+        assert not out.evicted_ids and not out.preempted_ids
+        assert new.pulling and new.status is RequestStatus.RUNNING
+    assert old.num_computed_tokens == 8  # its 2 pages are full: it waits, whole
+    s.pull_done(new.request_id)
+    out, _ = run_step(s)  # landed: now new is the newest victim, as before
+    assert out.evicted_ids == [new.request_id]
+    assert old.num_computed_tokens == 9
+
+
+def test_preempted_request_on_a_role_without_encode_recomputes_from_its_pulled_images() -> None:
+    """Defect: preempting a PD request reset its encoded-image count and freed the pulled
+    embeddings, so it looked unencoded, migrated back to the encode pool and arrived there
+    with a KV pull the encoder could not take. Now it keeps its images and recomputes here."""
+    from epd_engine.request import CacheKind, PullSpec
+
+    s = make_scheduler(role=Role.PD, num_kv_blocks=6, block_size=4)
+    old, new = (make_request(num_prompt_tokens=4, image_hashes=(h,), max_tokens=12) for h in "ab")
+    for r in (old, new):  # the encoder ran: the PD instance pulls the embeddings
+        r.num_encoded_images = 1
+        r.pull = PullSpec(CacheKind.IMAGE, "http://e", "e-0")
+        s.add(r)
+    out, _ = run_step(s)
+    for pull in out.pulls:
+        s.pull_done(pull.request_id)
+    preempted: list[str] = []
+    for _ in range(40):
+        out, _ = run_step(s)
+        preempted += out.preempted_ids
+        assert not out.encodes and new.status is not RequestStatus.MIGRATING
+        if old.status.finished and new.status.finished:
+            break
+    assert new.request_id in preempted
+    assert old.output_token_ids == [7] * 12 and new.output_token_ids == [7] * 12
+    assert s.images is not None and not s.images.slots(new.request_id)
+
+
 def test_kv_pull_into_a_role_with_an_image_cache_completes() -> None:
     """ED+P: the ED instance pulls KV for an image request it holds no image pages for."""
     from epd_engine.request import CacheKind, PullSpec
