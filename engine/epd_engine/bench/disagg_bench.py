@@ -29,6 +29,7 @@ import httpx
 
 from epd_engine.bench.driver import DriverConfig, Messages, prepare_messages, run_trace
 from epd_engine.bench.metrics import LatencyStats, RequestResult, summarize
+from epd_engine.bench.process_cpu import cpu_seconds
 from epd_engine.bench.workloads import WorkloadShape, generate, random_mm
 from epd_engine.config import Method
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
@@ -48,7 +49,9 @@ DEFINITIONS = {
     "migration.fraction_of_e2e": "per request (image + kv migration) / router-measured e2e; "
     "overall = sum of migration over sum of e2e; p50/p90 over requests",
     "router_hop": "same requests one at a time, alternating between a standalone EPD instance "
-    "and the router in front of one EPD instance; added = router - direct per request",
+    "and the router in front of one EPD instance; added = router - direct per request; "
+    "router_cpu_per_request_s = the router process's CPU time over the routed requests / their "
+    "number (from /proc; load elsewhere on the machine does not inflate it)",
     "router_stage_mean_s": "mean per request of the router trace's stage seconds",
 }
 
@@ -205,18 +208,31 @@ def drive(
 
 
 def router_hop(
-    direct_url: str, router_url: str, config: DisaggBenchConfig, requests: Requests
+    direct_url: str,
+    router_url: str,
+    config: DisaggBenchConfig,
+    requests: Requests,
+    router_pid: int,
 ) -> dict[str, Any]:
     """The same requests, one at a time, alternately direct and through the router (first the
-    one, then the other, swapping the order every request)."""
+    one, then the other, swapping the order every request); and the router's CPU time per
+    routed request, which other load on the machine does not inflate as it does latency."""
     direct: list[RequestResult] = []
     routed: list[RequestResult] = []
+    router_cpu_s = 0.0
     for i in range(len(requests.records)):
         order = [(direct_url, direct), (router_url, routed)]
         for url, sink in order if i % 2 == 0 else order[::-1]:
+            cpu_before = cpu_seconds(router_pid)
             sink += drive(url, config, requests.one(i), 1)
+            if url == router_url:
+                router_cpu_s += cpu_seconds(router_pid) - cpu_before
     pairs = [(d, r) for d, r in zip(direct, routed, strict=True) if d.ok and r.ok]
-    out: dict[str, Any] = {"num_requests": len(requests.records), "num_pairs": len(pairs)}
+    out: dict[str, Any] = {
+        "num_requests": len(requests.records),
+        "num_pairs": len(pairs),
+        "router_cpu_per_request_s": router_cpu_s / max(len(routed), 1),
+    }
     for name in ("ttft_s", "e2e_s"):
         d_values = [getattr(d, name) for d, _ in pairs]
         r_values = [getattr(r, name) for _, r in pairs]
@@ -313,7 +329,9 @@ def run_method(
             url = stack.enter_context(standalone(config, run_dir / "logs" / "direct.log"))
             drive(url, config, work.warmup, 1)
             log(f"{method.value}: router hop, {len(work.hop.records)} requests each way")
-            report["router_hop"] = router_hop(url, spec.router_url, config, work.hop)
+            report["router_hop"] = router_hop(
+                url, spec.router_url, config, work.hop, system.process("router").popen.pid
+            )
     return report
 
 

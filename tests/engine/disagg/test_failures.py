@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from epd_engine.bench.process_cpu import cpu_seconds
 from epd_engine.config import Method, internal_token
 from epd_engine.launcher import LocalSystem
 from tests.engine.disagg.systems import local_system, plan_for
@@ -159,12 +160,6 @@ def test_holder_killed_while_waiting_request_is_rerouted(system: LocalSystem) ->
     assert_nothing_leaked(system)
     metrics = httpx.get(f"{system.spec.router_url}/metrics").text
     assert 'outcome="success"' in metrics
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process, from /proc (clock ticks -> seconds)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_an_instance_waiting_on_a_pull_sleeps(system: LocalSystem) -> None:
