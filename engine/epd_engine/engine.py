@@ -181,6 +181,11 @@ class LLMEngine:
             request.request_id not in self.scheduler.migrating  # a parked copy may come back
         ):  # a second live copy would share (and lose) the first's params: the step failed
             raise ValueError(f"request {request.request_id} is already running here")
+        vocab_size = self.model_config.vocab_size
+        if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
+            # caught here, not by isolation: on a GPU an embedding lookup out of range is a
+            # device-side assert that no later step survives
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         self.scheduler.add(request)  # raises ValueError when it can never fit
         self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []

@@ -181,3 +181,16 @@ async def test_a_request_whose_output_cannot_be_decoded_fails_alone(
     assert {rid: results[rid] for rid in good} == {rid: (expected[rid], None) for rid in good}
     assert results["crafted"] == ([], REQUEST_FAILED)
     assert not engine.engine.scheduler.requests
+
+
+def test_a_prompt_token_outside_the_vocabulary_is_refused_at_admission(
+    tiny_model_dir: Path,
+) -> None:
+    """An out-of-range embedding lookup is a device-side assert on a GPU, which no step
+    after it survives: the engine refuses the request before it is queued."""
+    engine = make_engine(tiny_model_dir)
+    vocab_size = engine.model_config.vocab_size
+    for token in (vocab_size, -1):
+        with pytest.raises(ValueError, match="prompt token ids must be in"):
+            engine.add_request("r", PreparedPrompt([1, token], [], []), GREEDY, frozenset())
+    assert not engine.has_work()
