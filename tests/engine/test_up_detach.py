@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,7 @@ def runs(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Runs]:
                 os.killpg(pid, signal.SIGKILL)
 
 
-def wait_until(what: str, check, timeout_s: float = 120) -> Any:  # type: ignore[no-untyped-def]
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError):
