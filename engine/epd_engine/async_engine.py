@@ -15,9 +15,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from epd_engine.detokenizer import Detokenizer
-from epd_engine.engine import LLMEngine, StageTiming, StepStats
+from epd_engine.engine import REQUEST_FAILED, LLMEngine, StageTiming, StepStats
 from epd_engine.errors import ClientError
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import Request
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 # An idle engine thread still looks at its inbox this often (a safety net: every state
 # change reaches it through the inbox, which wakes it at once).
 IDLE_WAKE_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -195,23 +197,42 @@ class AsyncEngine:
             self.num_steps += 1
             if self._on_step is not None and not idle:
                 self._on_step(stats)
+            for request_id, message in stats.failed.items():
+                self.fail(request_id, message)
             for timing in stats.stage_timings:
                 if (stream := self.streams.get(timing.request_id)) is not None:
                     stream.pending_timings.append(timing)
+            # what follows is per request: one that raises fails alone, never the thread
             for event in events:
-                self._deliver(event)
+                self._isolated(event.request_id, self._deliver, event)
             for request_id in stats.evicted_ids:
-                self._evicted(request_id)
+                self._isolated(request_id, self._evicted, request_id)
             for request in self.engine.take_handoffs():
-                stream = self.streams.pop(request.request_id, None)
-                if stream is not None and self.on_handoff is not None:
-                    self._flush_timings(request.request_id, stream)
-                    stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
-                else:  # nobody to hand it to (no router link): end it clearly
-                    self.engine.release_migrated(request.request_id)
+                self._isolated(request.request_id, self._hand_off, request)
             for task in stats.pulls:
                 if self.on_pull is not None:
-                    self.on_pull(task)
+                    self._isolated(task.request_id, self.on_pull, task)
+
+    def _isolated(self, request_id: str, fn: Callable[[T], None], arg: T) -> None:
+        """Engine thread: ``fn(arg)`` for one request; if it raises, that request fails (a
+        detokenizer or hand-off error once escaped and stopped the engine thread for all)."""
+        try:
+            fn(arg)
+        except Exception:
+            log.exception("handling request %s after the step failed", request_id)
+            try:
+                self.fail(request_id, REQUEST_FAILED)
+            except Exception:  # its state is beyond repair: at least forget it
+                log.exception("could not fail request %s", request_id)
+                self.streams.pop(request_id, None)
+
+    def _hand_off(self, request: Request) -> None:
+        stream = self.streams.pop(request.request_id, None)
+        if stream is not None and self.on_handoff is not None:
+            self._flush_timings(request.request_id, stream)
+            stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
+        else:  # nobody to hand it to (no router link): end it clearly
+            self.engine.release_migrated(request.request_id)
 
     def _evicted(self, request_id: str) -> None:
         """Out of pages where it cannot be recomputed: re-route it, or fail it clearly."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -55,6 +55,7 @@ class StepStats:
     stage_timings: list[StageTiming] = field(default_factory=list)
     pulls: list[PullTask] = field(default_factory=list)
     evicted_ids: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> what its client sees
     idle: bool = False  # nothing could run (waiting on pages, pulls or new work)
 
 
@@ -180,6 +181,11 @@ class LLMEngine:
             request.request_id not in self.scheduler.migrating  # a parked copy may come back
         ):  # a second live copy would share (and lose) the first's params: the step failed
             raise ValueError(f"request {request.request_id} is already running here")
+        vocab_size = self.model_config.vocab_size
+        if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
+            # caught here, not by isolation: on a GPU an embedding lookup out of range is a
+            # device-side assert that no later step survives
+            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
         self.scheduler.add(request)  # raises ValueError when it can never fit
         self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []
@@ -221,8 +227,11 @@ class LLMEngine:
         stats.evicted_ids = out.evicted_ids
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
         self._note_stage_starts(out, stats, start)
-        pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
-        sampled = self.runner.execute(out, pixels, self._sampling, self._watch_prefills(out))
+        sampled, stats.failed = self._execute_isolated(out)
+        if stats.failed:  # those requests end here; the rest of the batch goes on
+            out = without_requests(out, stats.failed.keys())
+            for request_id in stats.failed:
+                self.abort(request_id)
         events = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()})
         events = [_with_logprobs(event, sampled.get(event.request_id)) for event in events]
         now = time.monotonic()
@@ -240,6 +249,37 @@ class LLMEngine:
             self._mark_ready(request)
         stats.duration_s = time.monotonic() - start
         return events, stats
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, SampledToken]:
+        pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
+        return self.runner.execute(out, pixels, self._sampling, self._watch_prefills(out))
+
+    def _execute_isolated(
+        self, out: SchedulerOutput
+    ) -> tuple[dict[str, SampledToken], dict[str, str]]:
+        """Run the batch; when it raises, run each request alone, so that a request the step
+        cannot take fails alone (one request's bad seed once failed all 32 in its batch).
+
+        Re-running is safe: encodes and prefills write the same pages again, and a seeded
+        draw depends only on its seed and position. Returns the sampled tokens and the
+        requests that failed on their own, with the message their clients get."""
+        try:
+            return self._execute(out), {}
+        except Exception:
+            request_ids = requests_in(out)
+            if len(request_ids) == 1:
+                log.exception("engine step failed for request %s", request_ids[0])
+                return {}, {request_ids[0]: REQUEST_FAILED}
+            log.exception("engine step of %d requests failed; running each alone", len(request_ids))
+        sampled: dict[str, SampledToken] = {}
+        failed: dict[str, str] = {}
+        for request_id in request_ids:
+            try:
+                sampled.update(self._execute(only_request(out, request_id)))
+            except Exception:
+                log.exception("request %s fails the engine step", request_id)
+                failed[request_id] = REQUEST_FAILED
+        return sampled, failed
 
     def _watch_prefills(self, out: SchedulerOutput) -> LayerWritten | None:
         """On an instance that does not decode, every prefill's KV migrates next."""
@@ -326,6 +366,35 @@ class LLMEngine:
             self._stage_ready_s.pop((request_id, stage), None)
             self._stage_started.pop((request_id, stage), None)
             self._stage_reported.discard((request_id, stage))
+
+
+REQUEST_FAILED = "internal engine error: the engine could not run this request"
+
+
+def requests_in(out: SchedulerOutput) -> list[str]:
+    """Every request with work in ``out``, in order of first appearance."""
+    ids = [t.request_id for t in out.encodes] + [t.request_id for t in out.token_tasks]
+    return list(dict.fromkeys(ids))
+
+
+def only_request(out: SchedulerOutput, request_id: str) -> SchedulerOutput:
+    """The work of one request in ``out`` (what the runner executes; no pulls)."""
+    return SchedulerOutput(
+        encodes=[t for t in out.encodes if t.request_id == request_id],
+        prefills=[t for t in out.prefills if t.request_id == request_id],
+        decodes=[t for t in out.decodes if t.request_id == request_id],
+    )
+
+
+def without_requests(out: SchedulerOutput, request_ids: Iterable[str]) -> SchedulerOutput:
+    """``out`` less the work of ``request_ids`` (ended while the step ran)."""
+    gone = set(request_ids)
+    return replace(
+        out,
+        encodes=[t for t in out.encodes if t.request_id not in gone],
+        prefills=[t for t in out.prefills if t.request_id not in gone],
+        decodes=[t for t in out.decodes if t.request_id not in gone],
+    )
 
 
 def _with_logprobs(event: RequestEvent, sampled: SampledToken | None) -> RequestEvent:

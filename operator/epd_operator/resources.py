@@ -227,9 +227,15 @@ def render_secret(owner: Owner, token: str) -> Manifest:
 # --- pools -----------------------------------------------------------------------------------
 
 
-def _token_env(owner: Owner) -> dict[str, Any]:
+def _auth_env(owner: Owner) -> list[dict[str, Any]]:
+    """The deployment's secret, and its id: the EPDDeployment's uid, which a deployment of
+    the same name created later does not share, so the router refuses a pod left over from
+    an earlier one (``X-EPD-Deployment``) even in the same namespace."""
     ref = {"name": secret_name(owner), "key": "token"}
-    return {"name": "EPD_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+    return [
+        {"name": "EPD_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": ref}},
+        {"name": "EPD_DEPLOYMENT_ID", "value": owner.uid},
+    ]
 
 
 def _pod_identity_env() -> list[dict[str, Any]]:
@@ -358,7 +364,7 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["epdctl"],
         "args": engine_args(owner, pool, plan),
-        "env": [_token_env(owner), *_pod_identity_env(), *tmp_env],
+        "env": [*_auth_env(owner), *_pod_identity_env(), *tmp_env],
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "readinessProbe": _probe("/health/ready", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),
@@ -456,7 +462,7 @@ def render_router_deployment(owner: Owner) -> Manifest:
             "--config",
             config_path,
         ],
-        "env": [_token_env(owner), *tmp_env],
+        "env": [*_auth_env(owner), *tmp_env],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         # Not /health/ready: that is 503 until an engine registers, and engines register
         # through this Service, which only routes to Ready pods.

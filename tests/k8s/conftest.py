@@ -170,7 +170,8 @@ class LoopbackRouter:
     """A real router process on loopback standing in for the router pods, which kwok never
     runs: the operator (a local process) is pointed at it with ``EPD_OPERATOR_ROUTER_URLS``,
     so switches, read-backs and drains go through the real internal API. ``serve(ns, name)``
-    restarts it with that EPDDeployment's internal token (the operator makes one per object).
+    restarts it with that EPDDeployment's internal token (the operator makes one per object)
+    and its uid as the deployment id, as the router pods have them.
     """
 
     def __init__(self) -> None:
@@ -185,6 +186,8 @@ class LoopbackRouter:
             return base64.b64decode(data["token"]).decode() if "token" in data else None
 
         value = wait_until(f"Secret {ns}/{name}-internal-token", token, 60)
+        owner = cluster.get("epd", name, "-n", ns) or {}
+        uid = owner.get("metadata", {}).get("uid", "")  # the id its router pods are given
         self.stop()
         config = CLUSTER_DIR / "loopback-router.json"
         config.write_text(json.dumps({"model": "any"}))
@@ -192,7 +195,8 @@ class LoopbackRouter:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "epd_engine", "router", "--config", str(config),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            env={**os.environ, "EPD_INTERNAL_TOKEN": value}, stdout=log, stderr=log,
+            env={**os.environ, "EPD_INTERNAL_TOKEN": value, "EPD_DEPLOYMENT_ID": uid},
+            stdout=log, stderr=log,
         )  # fmt: skip
 
         def live() -> bool | None:

@@ -175,6 +175,12 @@ def test_fixed_plan_rollout_and_safe_plan_change(
         limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == "1"
         assert dep["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    # every pod proves membership of this EPDDeployment (not of an earlier one of its name)
+    router_dep = cluster.get("deployment", f"{NAME}-router", "-n", ns)
+    for dep in [*deps.values(), router_dep]:
+        env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+        ids = [e.get("value") for e in env if e["name"] == "EPD_DEPLOYMENT_ID"]
+        assert ids == [obj["metadata"]["uid"]], dep["metadata"]["name"]
     pods = cluster.items("pods", "-n", ns, "-l", "app.kubernetes.io/component=engine")
     assert len(pods) == 4
     for pod in pods:

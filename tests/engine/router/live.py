@@ -48,7 +48,9 @@ def dispatcher(app: FastAPI) -> Dispatcher:
 
 def track(app: FastAPI, router_request_id: str) -> InflightRequest:
     """Register a request in flight, as ``Dispatcher.start`` does before submitting it."""
-    body = ChatCompletionRequest(model="tiny-llava", messages=[{"role": "user", "content": "hi"}])
+    body = ChatCompletionRequest.model_validate(
+        {"model": "tiny-llava", "messages": [{"role": "user", "content": "hi"}]}
+    )
     request = InflightRequest(router_request_id, body, 0.0)
     dispatcher(app).inflight[router_request_id] = request
     return request
