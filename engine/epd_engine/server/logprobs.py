@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from epd_engine.sampling import TokenLogprobs
 from epd_engine.server.protocol import ChoiceLogprobs, TokenLogprob, TopLogprob
@@ -31,3 +32,8 @@ def choice_logprobs(content: list[TokenLogprob] | None) -> ChoiceLogprobs | None
 def _entry(token_id: int, logprob: float, token_text: Callable[[int], str]) -> TopLogprob:
     text = token_text(token_id)
     return TopLogprob(token=text, logprob=max(logprob, FLOOR), bytes=list(text.encode()))
+
+
+def token_text_of(tokenizer: Any) -> Callable[[int], str]:
+    """One token's text as logprobs show it (special tokens kept)."""
+    return lambda token_id: str(tokenizer.decode([token_id]))

@@ -19,7 +19,7 @@ from epd_engine.server.completions import (
     CompletionResponse,
     completion_response,
 )
-from epd_engine.server.logprobs import choice_logprobs, logprob_content
+from epd_engine.server.logprobs import choice_logprobs, logprob_content, token_text_of
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
@@ -116,8 +116,7 @@ async def _serve(
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
     token_text = None  # set when the client asked for logprobs (chat only)
     if isinstance(body, ChatCompletionRequest) and body.logprobs:
-        tokenizer = state.processor.tokenizer
-        token_text = lambda t: str(tokenizer.decode([t]))  # noqa: E731
+        token_text = token_text_of(state.processor.tokenizer)
     if body.stream:
         writer = ChunkWriter(kind, request_id, body.model, body.stream_options)
         return StreamingResponse(
@@ -182,12 +181,14 @@ async def _sse(
     timer: _Timer,
     token_text: TokenText | None = None,
 ) -> AsyncIterator[str]:
+    writer.num_cached_tokens = first.num_cached_tokens
     if opening := writer.start(first.num_prompt_tokens):
         yield opening
     final = first
     counted = 0  # output tokens already in a chunk
     async for output in _chain(first, rest, timer):
         final = output
+        writer.num_cached_tokens = output.num_cached_tokens
         if output.error:
             yield sse_error(output.error)
             break
@@ -210,4 +211,4 @@ async def _sse(
 
 
 def _usage(output: RequestOutput) -> Usage:
-    return token_usage(output.num_prompt_tokens, output.num_output_tokens)
+    return token_usage(output.num_prompt_tokens, output.num_output_tokens, output.num_cached_tokens)

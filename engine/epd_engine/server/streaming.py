@@ -34,6 +34,7 @@ class ChunkWriter:
         )
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # callers update it as they learn it (running usage)
 
     def _event(
         self, choices: list[dict[str, Any]], usage: Usage | None, extra: dict[str, Any] | None
@@ -54,7 +55,7 @@ class ChunkWriter:
     def _running_usage(self) -> Usage | None:
         if not self.continuous_usage:
             return None
-        return token_usage(self.num_prompt_tokens, self.num_output_tokens)
+        return token_usage(self.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
 
     def start(self, num_prompt_tokens: int) -> str | None:
         """The role chunk that opens a chat stream (text completions have none)."""
