@@ -20,6 +20,7 @@ from epd_engine.server.completions import (
     CompletionResponse,
     completion_response,
 )
+from epd_engine.server.logprobs import completion_logprobs
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
@@ -124,8 +125,14 @@ async def _serve(
         return chat_response(
             inflight.router_request_id, body.model, text, finish.finish_reason, usage, logprobs
         )
+    asked = isinstance(body, CompletionRequest) and body.logprobs is not None
     return completion_response(
-        inflight.router_request_id, body.model, text, finish.finish_reason, usage
+        inflight.router_request_id,
+        body.model,
+        text,
+        finish.finish_reason,
+        usage,
+        completion_logprobs(inflight.logprobs) if asked else None,
     )
 
 
@@ -210,8 +217,7 @@ async def _sse(
                 "epd_path": list(inflight.path),
                 "epd_stage_s": dict(inflight.stage_s),
             }
-            logprobs = {"content": chunk.logprobs} if chunk.logprobs else None
-            yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason, logprobs,
+            yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason, chunk.logprobs,
                                 **(extra if chunk.finish_reason else {}))  # fmt: skip
             pending_tokens = 0
     if totals := writer.usage(_usage(inflight)):

@@ -135,3 +135,41 @@ def test_multi_turn_conversation_matches_a_single_instance(servers: Servers) -> 
     alone = servers.router.chat.completions.create(**_greedy(last_turn))
     assert alone.usage is not None
     assert served.usage.prompt_tokens > alone.usage.prompt_tokens + IMAGE_TOKENS
+
+
+def _completion_logprobs(client: openai.OpenAI, stream: bool) -> tuple[list[Any], ...]:
+    kwargs: dict[str, Any] = dict(
+        model="tiny-llava", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=2
+    )
+    kwargs["extra_body"] = {"ignore_eos": True}
+    if not stream:
+        lp = client.completions.create(**kwargs).choices[0].logprobs
+        assert lp is not None
+        return lp.tokens or [], lp.token_logprobs or [], lp.top_logprobs or [], lp.text_offset or []
+    parts: tuple[list[Any], ...] = ([], [], [], [])
+    for chunk in client.completions.create(stream=True, **kwargs):
+        lp = chunk.choices[0].logprobs if chunk.choices else None
+        if lp is not None:
+            for part, values in zip(parts, (lp.tokens, lp.token_logprobs, lp.top_logprobs,
+                                            lp.text_offset), strict=True):  # fmt: skip
+                part += values or []
+    return parts
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_completions_logprobs_through_the_router_match_a_single_instance(
+    servers: Servers, stream: bool
+) -> None:
+    """``/v1/completions`` with ``logprobs: 2`` (refused with a 400 before): per token its text,
+    logprob, the top two alternatives plus the sampled one, and its offset in the text."""
+    tokens, logprobs, tops, offsets = _completion_logprobs(servers.router, stream)
+    expected = _completion_logprobs(servers.instance, False)
+    assert tokens == expected[0] and len(tokens) == 5
+    assert [round(v, 3) for v in logprobs] == [round(v, 3) for v in expected[1]]
+    for token, value, top in zip(tokens, logprobs, tops, strict=True):
+        # two alternatives and the sampled token (tokens of equal text share an entry)
+        assert 1 <= len(top) <= 3 and top[token] == pytest.approx(value, abs=1e-5)
+        assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the likeliest
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    plain = servers.router.completions.create(model="tiny-llava", prompt="Hi", max_tokens=2)
+    assert plain.choices[0].logprobs is None
