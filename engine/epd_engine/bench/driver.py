@@ -90,6 +90,7 @@ async def send_one(
         token_times: list[float] = []
         usage_tokens: int | None = None
         server_prompt_tokens: int | None = None
+        cached_tokens: int | None = None
         stage_s: dict[str, float] | None = None
         path: tuple[str, ...] | None = None
         error: str | None = None
@@ -109,6 +110,8 @@ async def send_one(
                 if chunk.usage is not None:
                     usage_tokens = chunk.usage.completion_tokens
                     server_prompt_tokens = chunk.usage.prompt_tokens
+                    if (details := chunk.usage.prompt_tokens_details) is not None:
+                        cached_tokens = details.cached_tokens
                 extra = chunk.model_extra or {}
                 if isinstance(extra.get(STAGE_FIELD), dict):
                     stage_s = {str(k): float(v) for k, v in extra[STAGE_FIELD].items()}
@@ -133,6 +136,7 @@ async def send_one(
         num_output_tokens=usage_tokens if usage_tokens is not None else len(token_times),
         server_prompt_tokens=server_prompt_tokens,
         expected_prompt_tokens=payload.expected_prompt_tokens,
+        server_cached_tokens=cached_tokens,
         error=error,
         send_delay_s=max(0.0, sent - scheduled),
         stage_s=stage_s,
