@@ -72,6 +72,7 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
                     prompt_tokens=_int(row["input_length"], where, "input_length"),
                     output_tokens=_int(row.get("output_length", 1), where, "output_length", 1),
                     hash_ids=tuple(hash_ids) if hash_ids is not None else None,
+                    session_id=str(row["session_id"]) if "session_id" in row else None,
                 )
             )
     return _rebased(records)
@@ -186,6 +187,8 @@ def mooncake_lines(
                 record.total_prompt_tokens, seed, 0, blocks, block_tokens
             )
         row["output_length"] = record.output_tokens
+        if record.session_id is not None:
+            row["session_id"] = record.session_id
         yield json.dumps(row) + "\n"
 
 
