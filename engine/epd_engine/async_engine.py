@@ -45,6 +45,7 @@ class RequestOutput:
     error: str | None = None
     stage_timings: list[StageTiming] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, if asked
+    num_cached_tokens: int = 0  # prompt tokens served from this instance's cache
 
 
 Sink = Callable[[RequestOutput], None]
@@ -61,6 +62,7 @@ class RequestOutputStream:
     num_output_tokens: int = 0
     routing: Routing | None = None
     pending_timings: list[StageTiming] = field(default_factory=list)
+    num_cached_tokens: int = 0
 
 
 class AsyncEngine:
@@ -229,6 +231,7 @@ class AsyncEngine:
     def _hand_off(self, request: Request) -> None:
         stream = self.streams.pop(request.request_id, None)
         if stream is not None and self.on_handoff is not None:
+            stream.num_cached_tokens = request.num_cached_tokens
             self._flush_timings(request.request_id, stream)
             stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
         else:  # nobody to hand it to (no router link): end it clearly
@@ -275,6 +278,8 @@ class AsyncEngine:
         error: str | None = None,
         logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
+        if (request := self.engine.scheduler.requests.get(request_id)) is not None:
+            stream.num_cached_tokens = max(stream.num_cached_tokens, request.num_cached_tokens)
         output = RequestOutput(
             request_id,
             delta,
@@ -285,6 +290,7 @@ class AsyncEngine:
             error,
             stream.pending_timings,
             logprobs or [],
+            stream.num_cached_tokens,
         )
         stream.pending_timings = []
         if finish_reason is not None:
@@ -292,7 +298,9 @@ class AsyncEngine:
         stream.loop.call_soon_threadsafe(stream.sink, output)
 
     def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
-        if stream.pending_timings:
+        """What the router has not heard of a request handed on: its stage timings and the
+        prompt tokens its cache served."""
+        if stream.pending_timings or stream.num_cached_tokens:
             self._emit(request_id, stream, None, None)
 
 

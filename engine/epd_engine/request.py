@@ -90,6 +90,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_encoded_images: int = 0
     num_computed_tokens: int = 0  # tokens whose K/V sit in this instance's cache
+    # prompt tokens served from cache at first admission (image embeddings already encoded):
+    # OpenAI's usage.prompt_tokens_details.cached_tokens
+    num_cached_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     pull: PullSpec | None = None  # set on a migration target until its pull completes

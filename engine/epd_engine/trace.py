@@ -63,6 +63,9 @@ class TraceRecord(BaseModel):
     # Shared-prefix blocks (Mooncake ``hash_ids``): equal ids at the start of two prompts mean
     # an equal text prefix, one block of ``block_tokens`` (512 by default) per id.
     hash_ids: tuple[int, ...] | None = None
+    # Multi-turn: records with the same id are one conversation's turns, in arrival order;
+    # a turn's ``prompt_tokens`` counts its own user message (``bench/sessions.py``).
+    session_id: str | None = None
 
     @property
     def text_only(self) -> bool:
@@ -182,6 +185,8 @@ def trace_digest(records: Iterable[TraceRecord]) -> str:
         data["arrival_s"] = round(record.arrival_s, 6)
         if record.hash_ids is not None:  # absent from older traces: their digests stay put
             data["hash_ids"] = list(record.hash_ids)
+        if record.session_id is not None:  # likewise
+            data["session_id"] = record.session_id
         digest.update(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
         digest.update(b"\n")
     return "sha256:" + digest.hexdigest()[:16]

@@ -22,6 +22,7 @@ from typing import Any
 from epd_engine.bench.arrivals import at_rate
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.bench.payloads import Payload, chat_payload
+from epd_engine.bench.sessions import Turn, plan_turns
 from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.trace import TraceRecord, sort_by_arrival
 
@@ -82,21 +83,53 @@ async def send_one(
     scheduled: float,
     limit: asyncio.Semaphore,
     t0: float,
+    turn: Turn | None = None,
 ) -> RequestResult:
-    """Send one request at ``scheduled`` (perf_counter) once ``limit`` allows; measure it."""
+    """Send one request at ``scheduled`` (perf_counter) once ``limit`` allows; measure it.
+    A session's ``turn`` also waits for the previous turn and sends the conversation so far."""
     await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+    messages, expected_prompt_tokens = payload.messages, payload.expected_prompt_tokens
+    reply: list[str] = []
+    if turn is not None:
+        await turn.wait_previous()
+        if turn.previous is not None:  # waiting for the last turn is the session, not lag
+            scheduled = max(scheduled, time.perf_counter())
+        messages = turn.history() + messages
+        if turn.index > 0:  # the history's count depends on the replies
+            expected_prompt_tokens = None
+    try:
+        return await _send(client, config, record, payload, messages, scheduled, limit, t0,
+                            expected_prompt_tokens, reply)  # fmt: skip
+    finally:
+        if turn is not None:
+            turn.finish(payload.messages, "".join(reply))
+
+
+async def _send(
+    client: Any,
+    config: DriverConfig,
+    record: TraceRecord,
+    payload: Payload,
+    messages: list[dict[str, Any]],
+    scheduled: float,
+    limit: asyncio.Semaphore,
+    t0: float,
+    expected_prompt_tokens: int | None,
+    reply: list[str],
+) -> RequestResult:
     async with limit:
         sent = time.perf_counter()
         token_times: list[float] = []
         usage_tokens: int | None = None
         server_prompt_tokens: int | None = None
+        cached_tokens: int | None = None
         stage_s: dict[str, float] | None = None
         path: tuple[str, ...] | None = None
         error: str | None = None
         try:
             stream = await client.chat.completions.create(
                 model=config.model,
-                messages=payload.messages,
+                messages=messages,
                 max_tokens=record.output_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -106,9 +139,12 @@ async def send_one(
                 now = time.perf_counter()
                 if any(choice.delta and choice.delta.content for choice in chunk.choices):
                     token_times.append(now)
+                    reply += [c.delta.content for c in chunk.choices if c.delta and c.delta.content]
                 if chunk.usage is not None:
                     usage_tokens = chunk.usage.completion_tokens
                     server_prompt_tokens = chunk.usage.prompt_tokens
+                    if (details := chunk.usage.prompt_tokens_details) is not None:
+                        cached_tokens = details.cached_tokens
                 extra = chunk.model_extra or {}
                 if isinstance(extra.get(STAGE_FIELD), dict):
                     stage_s = {str(k): float(v) for k, v in extra[STAGE_FIELD].items()}
@@ -132,7 +168,8 @@ async def send_one(
         e2e_s=end - sent,
         num_output_tokens=usage_tokens if usage_tokens is not None else len(token_times),
         server_prompt_tokens=server_prompt_tokens,
-        expected_prompt_tokens=payload.expected_prompt_tokens,
+        expected_prompt_tokens=expected_prompt_tokens,
+        server_cached_tokens=cached_tokens,
         error=error,
         send_delay_s=max(0.0, sent - scheduled),
         stage_s=stage_s,
@@ -247,10 +284,11 @@ async def run_trace(
     desc = f"bench {config.label}".strip()
     with tqdm(total=len(records), desc=desc, unit="req", disable=not config.progress) as bar:
         t0 = time.perf_counter()
+        turns = plan_turns(records)
         tasks = {
             i: asyncio.create_task(
                 send_one(client, config, records[i], messages[i],
-                         t0 + records[i].arrival_s - start, limit, t0)
+                         t0 + records[i].arrival_s - start, limit, t0, turns.get(i))
             )
             for i in order
         }  # fmt: skip

@@ -34,6 +34,8 @@ class RequestResult:
     num_output_tokens: int = 0  # received (server usage, else streamed chunks)
     server_prompt_tokens: int | None = None  # the server's count: template + text + images
     expected_prompt_tokens: int | None = None  # what the payload was built for (tokenizer)
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the server served from cache
+    server_cached_tokens: int | None = None
     error: str | None = None
     send_delay_s: float = 0.0  # client-side lag behind the scheduled arrival
     stage_s: Mapping[str, float] | None = None  # per-stage seconds, when the server reports them
@@ -124,6 +126,8 @@ class BenchSummary:
     num_output_mismatches: int = 0  # ok requests whose usage differs from the asked length
     num_prompt_mismatches: int = 0  # ok requests whose usage.prompt_tokens differs from intent
     mean_prompt_mismatch: float = 0.0  # mean (server - intended) over the mismatching ones
+    # ok requests' prompt tokens the server reported served from cache (None: never reported)
+    cached_prompt_tokens: int | None = None
     stage_mean_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,6 +158,7 @@ def summarize(
         if r.error is not None:
             errors[_error_kind(r.error)] = errors.get(_error_kind(r.error), 0) + 1
     prompt_deltas = [d for r in ok if (d := r.prompt_mismatch)]
+    cached = [r.server_cached_tokens for r in ok if r.server_cached_tokens is not None]
     stage_totals: dict[str, list[float]] = {}
     for r in ok:
         for stage, seconds in (r.stage_s or {}).items():
@@ -183,4 +188,5 @@ def summarize(
         num_prompt_mismatches=len(prompt_deltas),
         mean_prompt_mismatch=float(np.mean(prompt_deltas)) if prompt_deltas else 0.0,
         stage_mean_s={k: float(np.mean(v)) for k, v in sorted(stage_totals.items())},
+        cached_prompt_tokens=sum(cached) if cached else None,
     )

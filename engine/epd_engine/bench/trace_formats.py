@@ -5,7 +5,8 @@ Read: Mooncake-style JSONL (what AIPerf replays: ``timestamp`` in ms, ``input_le
 ``Request tokens``, ``Response tokens``) and Azure's LLM inference trace CSV (``TIMESTAMP``
 date-time, ``ContextTokens``, ``GeneratedTokens``). All three are text-only; arrivals are
 rebased so the first request arrives at 0. Write: Mooncake-style JSONL, with ``input_length``
-the whole prefill (text plus image tokens), so a text-only peer sends as many tokens.
+the whole prefill (text plus image tokens), so a text-only peer sends as many tokens, or
+with the prompt text itself (``text_input``), built token-exact with a model's tokenizer.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epd_engine.trace import TraceFormatError, TraceRecord, read_trace
+
+if TYPE_CHECKING:  # the module stays free of transformers until prompts are asked for
+    from epd_engine.bench.token_prompts import TokenExactPrompts
 
 FORMATS = ("auto", "epd", "mooncake", "burstgpt", "azure")
 
@@ -48,6 +53,11 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
                 row = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise TraceFormatError(f"{where}: not valid JSON ({exc.msg})") from exc
+            if isinstance(row, dict) and "text_input" in row and "input_length" not in row:
+                raise TraceFormatError(
+                    f"{where}: a prompt text (text_input) without input_length: replay the "
+                    "trace it was converted from, or send it with AIPerf"
+                )
             if not isinstance(row, dict) or "input_length" not in row:
                 raise TraceFormatError(f"{where}: expected an object with input_length")
             hash_ids = row.get("hash_ids")
@@ -62,6 +72,7 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
                     prompt_tokens=_int(row["input_length"], where, "input_length"),
                     output_tokens=_int(row.get("output_length", 1), where, "output_length", 1),
                     hash_ids=tuple(hash_ids) if hash_ids is not None else None,
+                    session_id=str(row["session_id"]) if "session_id" in row else None,
                 )
             )
     return _rebased(records)
@@ -151,21 +162,43 @@ def read_any(path: str | Path, fmt: str = "auto") -> list[TraceRecord]:
     return READERS[chosen](path)
 
 
-def mooncake_lines(records: Sequence[TraceRecord]) -> Iterable[str]:
+def mooncake_lines(
+    records: Sequence[TraceRecord],
+    prompts: TokenExactPrompts | None = None,
+    block_tokens: int = 512,
+) -> Iterable[str]:
+    """One Mooncake row per record. With ``prompts`` a row carries the prompt itself
+    (``text_input``, which AIPerf sends as it is) instead of ``input_length``: a text of
+    the record's whole prefill length as ``prompts`` counts it, the ``hash_ids`` blocks as
+    its shared prefix, the same text ``epdctl bench`` sends for a text-only record."""
     start = min((r.arrival_s for r in records), default=0.0)
-    for record in sorted(records, key=lambda r: r.arrival_s):
-        row: dict[str, object] = {
-            "timestamp": round((record.arrival_s - start) * 1000),
-            "input_length": record.total_prompt_tokens,
-            "output_length": record.output_tokens,
-        }
-        if record.hash_ids is not None:
-            row["hash_ids"] = list(record.hash_ids)
+    order = sorted(range(len(records)), key=lambda i: records[i].arrival_s)
+    for index in order:
+        record = records[index]
+        row: dict[str, object] = {"timestamp": round((record.arrival_s - start) * 1000)}
+        if prompts is None:
+            row["input_length"] = record.total_prompt_tokens
+            if record.hash_ids is not None:
+                row["hash_ids"] = list(record.hash_ids)
+        else:
+            seed = record.request_id or str(index)
+            blocks = record.hash_ids or ()
+            row["text_input"] = prompts.text(
+                record.total_prompt_tokens, seed, 0, blocks, block_tokens
+            )
+        row["output_length"] = record.output_tokens
+        if record.session_id is not None:
+            row["session_id"] = record.session_id
         yield json.dumps(row) + "\n"
 
 
-def write_mooncake(records: Sequence[TraceRecord], path: str | Path) -> Path:
+def write_mooncake(
+    records: Sequence[TraceRecord],
+    path: str | Path,
+    prompts: TokenExactPrompts | None = None,
+    block_tokens: int = 512,
+) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(mooncake_lines(records)), encoding="utf-8")
+    path.write_text("".join(mooncake_lines(records, prompts, block_tokens)), encoding="utf-8")
     return path

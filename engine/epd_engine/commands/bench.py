@@ -108,6 +108,8 @@ def _print_summary(summary: Any, label: str) -> None:
         print(row(name, getattr(summary, name)))
     if summary.attainment is not None:
         print(f"  SLO attainment {summary.attainment:.1%}")
+    if summary.cached_prompt_tokens:
+        print(f"  prompt tokens served from the server's cache: {summary.cached_prompt_tokens}")
     if summary.errors:
         print(f"  errors: {json.dumps(summary.errors)}")
     if summary.num_output_mismatches:

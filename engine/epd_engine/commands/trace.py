@@ -183,13 +183,27 @@ def _split(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from epd_engine.bench.token_prompts import PromptLengthError, TokenExactPrompts
     from epd_engine.bench.trace_formats import write_mooncake
     from epd_engine.trace import write_trace
 
+    if args.tokenizer and args.to != "mooncake":
+        raise UserError("--tokenizer writes prompt texts: it needs --to mooncake")
+    if args.block_size < 1:
+        raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     records = load_trace(args.trace, args.format)
-    write = write_mooncake if args.to == "mooncake" else write_trace
-    write(records, args.output)
-    print(f"wrote {len(records)} requests ({args.to}) to {args.output}")
+    if args.to != "mooncake":
+        write_trace(records, args.output)
+    elif args.tokenizer:
+        try:
+            prompts = TokenExactPrompts.from_model_dir(args.tokenizer, args.prompt_count)
+        except (OSError, ValueError, PromptLengthError) as exc:
+            raise UserError(f"--tokenizer {args.tokenizer}: {exc}") from exc
+        write_mooncake(records, args.output, prompts, args.block_size)
+    else:
+        write_mooncake(records, args.output)
+    texts = f", prompt texts ({args.prompt_count} count)" if args.tokenizer else ""
+    print(f"wrote {len(records)} requests ({args.to}{texts}) to {args.output}")
     return 0
 
 
@@ -232,6 +246,22 @@ def register(subparsers: Any) -> None:
     convert.add_argument("trace")
     add_format_arg(convert)
     convert.add_argument("--to", choices=("epd", "mooncake"), default="epd")
+    convert.add_argument(
+        "--tokenizer",
+        metavar="MODEL_DIR",
+        help="with --to mooncake: write each prompt's text (text_input), token-exact with "
+        "this model's tokenizer, instead of its length",
+    )
+    convert.add_argument(
+        "--prompt-count",
+        choices=("template", "content"),
+        default="template",
+        help="template: the server counts the text's tokens with the chat template (default); "
+        "content: the text alone has the count",
+    )
+    convert.add_argument(
+        "--block-size", type=int, default=512, help="tokens per hash_ids block (default 512)"
+    )
     convert.add_argument("-o", "--output", type=Path, required=True)
     convert.set_defaults(func=_convert)
 

@@ -20,10 +20,12 @@ from epd_engine.server.completions import (
     CompletionResponse,
     completion_response,
 )
+from epd_engine.server.logprobs import completion_logprobs
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChoiceLogprobs,
     Usage,
     chat_response,
     sse_error,
@@ -115,13 +117,22 @@ async def _serve(
     if finish is None or finish.error:
         # placed but failed (its instances died, no progress): a clean 503, not a 500
         raise ServiceUnavailable((finish and finish.error) or "request ended without output")
-    respond = chat_response if kind == "chat" else completion_response
-    return respond(
+    usage = _usage(inflight)
+    if kind == "chat":
+        logprobs = None
+        if isinstance(body, ChatCompletionRequest) and body.logprobs:
+            logprobs = ChoiceLogprobs.model_validate({"content": inflight.logprobs})
+        return chat_response(
+            inflight.router_request_id, body.model, text, finish.finish_reason, usage, logprobs
+        )
+    asked = isinstance(body, CompletionRequest) and body.logprobs is not None
+    return completion_response(
         inflight.router_request_id,
         body.model,
         text,
         finish.finish_reason,
-        _usage(inflight),
+        usage,
+        completion_logprobs(inflight.logprobs) if asked else None,
     )
 
 
@@ -199,13 +210,14 @@ async def _sse(
             yield sse_error(chunk.error)
             break
         pending_tokens += chunk.num_tokens
-        if chunk.text or chunk.finish_reason:
+        writer.num_cached_tokens = inflight.num_cached_tokens
+        if chunk.text or chunk.finish_reason or chunk.logprobs:
             # where the request went and how long each stage took, for `epdctl bench`
             extra: dict[str, Any] = {
                 "epd_path": list(inflight.path),
                 "epd_stage_s": dict(inflight.stage_s),
             }
-            yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason,
+            yield writer.tokens(chunk.text, pending_tokens, chunk.finish_reason, chunk.logprobs,
                                 **(extra if chunk.finish_reason else {}))  # fmt: skip
             pending_tokens = 0
     if totals := writer.usage(_usage(inflight)):
@@ -214,4 +226,6 @@ async def _sse(
 
 
 def _usage(inflight: InflightRequest) -> Usage:
-    return token_usage(inflight.num_prompt_tokens, len(inflight.token_ids))
+    return token_usage(
+        inflight.num_prompt_tokens, len(inflight.token_ids), inflight.num_cached_tokens
+    )

@@ -18,6 +18,7 @@ class ClientChunk:
     num_tokens: int
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI logprobs content, one per token
 
 
 @dataclass
@@ -34,6 +35,8 @@ class InflightRequest:
     text: str = ""
     token_times_s: list[float] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens an instance's cache served (the most reported)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # when the client asked
     prompt_info: dict[str, Any] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -50,6 +53,7 @@ class InflightRequest:
         if event.get("attempt", 0) != self.attempt or self.finished:
             return  # a stale path after a retry, or late news
         self._note_location(event)
+        self.num_cached_tokens = max(self.num_cached_tokens, event.get("num_cached_tokens") or 0)
         for timing in event.get("stage_timings") or []:
             stage = timing["stage"]
             self.stage_s[f"{stage}_queue"] = (
@@ -99,7 +103,10 @@ class InflightRequest:
             self.fail(str(event["error"]))
             return
         finish = event.get("finish_reason")
-        self.chunks.put_nowait(ClientChunk(event.get("text_delta") or "", len(new_ids), finish))
+        logprobs = event.get("logprobs")
+        self.logprobs += logprobs or []
+        text = event.get("text_delta") or ""
+        self.chunks.put_nowait(ClientChunk(text, len(new_ids), finish, logprobs=logprobs))
         if finish is not None:
             self.finish_reason = finish
             self._pending.clear()

@@ -225,6 +225,12 @@ class Scheduler:
             if slots is None:
                 return False
             request.num_encoded_images = sum(slot.cached for slot in slots)
+            if request.num_preemptions == 0:  # a re-admission would find its own images
+                request.num_cached_tokens = sum(
+                    image.num_tokens
+                    for image, slot in zip(request.images, slots, strict=True)
+                    if slot.cached
+                )
         request.status = RequestStatus.RUNNING
         return True
 

@@ -20,6 +20,7 @@ from epd_engine.router.policy import InstanceLoad
 from epd_engine.server import health, internal_api, openai_api
 from epd_engine.server.errors import install_error_handlers
 from epd_engine.server.limits import BodySizeLimit
+from epd_engine.server.logprobs import token_text_of
 from epd_engine.server.migration import MigrationManager
 from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
@@ -93,7 +94,8 @@ def _connect_router(
         pool=settings.pool,
     )
     token = internal_token()
-    link = RouterLink(settings.router_url, identity, state.http, token)
+    token_text = token_text_of(state.processor.tokenizer)
+    link = RouterLink(settings.router_url, identity, state.http, token, token_text=token_text)
     exports = Exports()
     regions = state.engine.engine.runner.regions
     backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)

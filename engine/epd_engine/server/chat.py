@@ -86,9 +86,10 @@ def sampling_params(
             param="max_tokens",
             code="context_length_exceeded",
         )
-    logprobs, top_logprobs = False, 0  # completions: no logprobs (yet)
     if isinstance(request, ChatCompletionRequest):
         logprobs, top_logprobs = request.logprobs, request.top_logprobs or 0
+    else:  # completions: ``logprobs`` is the number of alternatives
+        logprobs, top_logprobs = request.logprobs is not None, request.logprobs or 0
     try:
         return SamplingParams(
             max_tokens=max_tokens,

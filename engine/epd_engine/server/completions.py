@@ -6,11 +6,12 @@ chat template). AIPerf's completions endpoint and guidellm's default speak this.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from epd_engine.errors import ClientError
+from epd_engine.server.logprobs import CompletionLogprobs
 from epd_engine.server.protocol import SYSTEM_FINGERPRINT, StreamOptions, Usage
 
 
@@ -30,7 +31,8 @@ class CompletionRequest(BaseModel):
     echo: bool = False
     ignore_eos: bool = False  # extension (vLLM): fixed output lengths for benchmarks
     min_tokens: int = Field(default=0, ge=0)  # extension (vLLM): no EOS/stop before this many
-    logprobs: int | None = None  # refused with a 400 (validation.py): not implemented here
+    # the sampled token's logprob and this many alternatives per token (vLLM's bound: 20)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
 
     # what the shared sampling code reads off a chat request
     max_completion_tokens: None = None
@@ -65,7 +67,7 @@ class CompletionRequest(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: Any = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -80,11 +82,16 @@ class CompletionResponse(BaseModel):
 
 
 def completion_response(
-    request_id: str, model: str, text: str, finish_reason: str | None, usage: Usage
+    request_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage: Usage,
+    logprobs: CompletionLogprobs | None = None,
 ) -> CompletionResponse:
     return CompletionResponse(
         id=request_id,
         model=model,
-        choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
+        choices=[CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish_reason)],
         usage=usage,
     )

@@ -19,7 +19,12 @@ from epd_engine.server.completions import (
     CompletionResponse,
     completion_response,
 )
-from epd_engine.server.logprobs import choice_logprobs, logprob_content
+from epd_engine.server.logprobs import (
+    choice_logprobs,
+    completion_logprobs,
+    logprob_content,
+    token_text_of,
+)
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
@@ -114,22 +119,23 @@ async def _serve(
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
-    token_text = None  # set when the client asked for logprobs (chat only)
-    if isinstance(body, ChatCompletionRequest) and body.logprobs:
-        tokenizer = state.processor.tokenizer
-        token_text = lambda t: str(tokenizer.decode([t]))  # noqa: E731
+    token_text = None  # set when the client asked for logprobs
+    if params.logprobs:
+        token_text = token_text_of(state.processor.tokenizer)
     if body.stream:
         writer = ChunkWriter(kind, request_id, body.model, body.stream_options)
         return StreamingResponse(
             _sse(first, outputs, writer, timer, token_text), media_type="text/event-stream"
         )
     text, final, content = await _collect(first, outputs, timer, token_text)
+    usage = _usage(final)
     if kind == "chat":
-        usage = _usage(final)
         return chat_response(
             request_id, body.model, text, final.finish_reason, usage, choice_logprobs(content)
         )
-    return completion_response(request_id, body.model, text, final.finish_reason, _usage(final))
+    entries = None if content is None else [entry.model_dump() for entry in content]
+    logprobs = None if entries is None else completion_logprobs(entries)
+    return completion_response(request_id, body.model, text, final.finish_reason, usage, logprobs)
 
 
 async def _chain(
@@ -182,32 +188,29 @@ async def _sse(
     timer: _Timer,
     token_text: TokenText | None = None,
 ) -> AsyncIterator[str]:
+    writer.num_cached_tokens = first.num_cached_tokens
     if opening := writer.start(first.num_prompt_tokens):
         yield opening
     final = first
     counted = 0  # output tokens already in a chunk
     async for output in _chain(first, rest, timer):
         final = output
+        writer.num_cached_tokens = output.num_cached_tokens
         if output.error:
             yield sse_error(output.error)
             break
         logprobs = None
         if token_text is not None and output.logprobs:
             content = logprob_content(output.new_token_ids, output.logprobs, token_text)
-            logprobs = choice_logprobs(content)
+            logprobs = [entry.model_dump() for entry in content]
         if output.text_delta or output.finish_reason or logprobs:
             new_tokens = output.num_output_tokens - counted
             counted = output.num_output_tokens
-            yield writer.tokens(
-                output.text_delta,
-                new_tokens,
-                output.finish_reason,
-                logprobs=logprobs.model_dump() if logprobs else None,
-            )
+            yield writer.tokens(output.text_delta, new_tokens, output.finish_reason, logprobs)
     if totals := writer.usage(_usage(final)):
         yield totals
     yield SSE_DONE
 
 
 def _usage(output: RequestOutput) -> Usage:
-    return token_usage(output.num_prompt_tokens, output.num_output_tokens)
+    return token_usage(output.num_prompt_tokens, output.num_output_tokens, output.num_cached_tokens)

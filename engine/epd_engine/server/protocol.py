@@ -84,17 +84,25 @@ class ChatCompletionRequest(BaseModel):
         return sum(isinstance(p, ImagePart) for m in self.messages for p in m.parts())
 
 
+class PromptTokensDetails(BaseModel):
+    # prompt tokens served from cache: an image whose embeddings the encoder cache held
+    # counts its tokens (there is no KV prefix cache)
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
-def token_usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def token_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 

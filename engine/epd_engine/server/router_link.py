@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -16,6 +18,7 @@ from epd_engine.engine import LLMEngine
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.server.auth import TOKEN_HEADER, internal_headers
 from epd_engine.server.event_stream import EventStream
+from epd_engine.server.logprobs import logprob_content
 from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
@@ -29,12 +32,15 @@ class RouterLink:
         http: httpx.AsyncClient,
         token: str,
         heartbeat_s: float = 0.5,
+        token_text: Callable[[int], str] | None = None,
     ) -> None:
         self.router_url = router_url.rstrip("/")
         self.identity = identity
         self.http = http
         self.headers = {**internal_headers(), TOKEN_HEADER: token}
         self.heartbeat_s = heartbeat_s
+        # one token's text: logprobs go to the router rendered (it has no tokenizer)
+        self.token_text = token_text
         self.instances: list[InstanceLoad] = []
         self.events = EventStream(f"{self.router_url}/internal/event-stream", self.headers)
         self._tasks: list[asyncio.Task[None]] = []
@@ -80,24 +86,27 @@ class RouterLink:
 
     def send(self, output: RequestOutput, routing: Routing) -> None:
         """Queue one output for the router (loop thread); a single stream keeps the order."""
-        self.events.put(
-            {
-                "router_request_id": routing.router_request_id,
-                "attempt": routing.attempt,
-                "instance_id": self.identity.instance_id,
-                "pool": self.identity.pool,
-                "token_ids": output.new_token_ids,
-                "text_delta": output.text_delta,
-                "num_prompt_tokens": output.num_prompt_tokens,
-                "num_output_tokens": output.num_output_tokens,
-                "finish_reason": output.finish_reason,
-                "error": output.error,
-                "stage_timings": [
-                    {"stage": t.stage.value, "queue_s": t.queue_s, "exec_s": t.exec_s}
-                    for t in output.stage_timings
-                ],
-            }
-        )
+        event: dict[str, Any] = {
+            "router_request_id": routing.router_request_id,
+            "attempt": routing.attempt,
+            "instance_id": self.identity.instance_id,
+            "pool": self.identity.pool,
+            "token_ids": output.new_token_ids,
+            "text_delta": output.text_delta,
+            "num_prompt_tokens": output.num_prompt_tokens,
+            "num_output_tokens": output.num_output_tokens,
+            "num_cached_tokens": output.num_cached_tokens,
+            "finish_reason": output.finish_reason,
+            "error": output.error,
+            "stage_timings": [
+                {"stage": t.stage.value, "queue_s": t.queue_s, "exec_s": t.exec_s}
+                for t in output.stage_timings
+            ],
+        }
+        if output.logprobs and self.token_text is not None:
+            content = logprob_content(output.new_token_ids, output.logprobs, self.token_text)
+            event["logprobs"] = [entry.model_dump() for entry in content]
+        self.events.put(event)
 
     def send_raw(self, event: dict[str, object]) -> None:
         self.events.put(event)

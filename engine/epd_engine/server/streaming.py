@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Literal
 
+from epd_engine.server.logprobs import completion_logprobs
 from epd_engine.server.protocol import SYSTEM_FINGERPRINT, StreamOptions, Usage, token_usage
 
 Kind = Literal["chat", "completion"]
@@ -34,6 +35,8 @@ class ChunkWriter:
         )
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # callers update it as they learn it (running usage)
+        self.text_offset = 0  # completions' logprobs: characters of token text sent so far
 
     def _event(
         self, choices: list[dict[str, Any]], usage: Usage | None, extra: dict[str, Any] | None
@@ -54,7 +57,7 @@ class ChunkWriter:
     def _running_usage(self) -> Usage | None:
         if not self.continuous_usage:
             return None
-        return token_usage(self.num_prompt_tokens, self.num_output_tokens)
+        return token_usage(self.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
 
     def start(self, num_prompt_tokens: int) -> str | None:
         """The role chunk that opens a chat stream (text completions have none)."""
@@ -70,18 +73,23 @@ class ChunkWriter:
         text: str,
         num_tokens: int,
         finish_reason: str | None,
-        logprobs: dict[str, Any] | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
         **extra: Any,
     ) -> str:
-        """A chunk with new text (and the finish reason on the last one); ``logprobs`` is the
-        choice's logprobs object; ``extra`` adds non-standard top-level fields (the router's
-        stage timings)."""
+        """A chunk with new text (and the finish reason on the last one); ``logprobs``: the
+        new tokens' rendered entries (``TokenLogprob`` dicts), shaped here for the kind;
+        ``extra`` adds non-standard top-level fields (the router's stage timings)."""
         self.num_output_tokens += num_tokens
+        shaped: dict[str, Any] | None = None
         if self.kind == "chat":
             choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
+            shaped = {"content": logprobs} if logprobs else None
         else:
             choice = {"index": 0, "text": text}
-        choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
+            if logprobs:
+                shaped = completion_logprobs(logprobs, self.text_offset).model_dump()
+                self.text_offset += sum(len(entry["token"]) for entry in logprobs)
+        choice |= {"logprobs": shaped, "finish_reason": finish_reason}
         return self._event([choice], self._running_usage(), extra)
 
     def usage(self, usage: Usage) -> str | None:

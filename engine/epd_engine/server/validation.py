@@ -100,11 +100,6 @@ def check_token_ids(token_ids: Iterable[int], vocab_size: int, param: str) -> No
 def check_completion_request(body: CompletionRequest, max_tokens: int | None) -> None:
     """``/v1/completions``: the chat checks that apply to a bare prompt (its length only
     where ``max_tokens`` is known)."""
-    if body.logprobs is not None:
-        raise ClientError(
-            "logprobs is not supported on /v1/completions; /v1/chat/completions has it",
-            param="logprobs",
-        )
     check_ranges(body)
     prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
     texts = [p for p in prompts if isinstance(p, str)]

@@ -202,6 +202,60 @@ def test_chunks_carry_nulls_fingerprint_and_continuous_usage(system: System) -> 
         body["stream_options"] = {"include_usage": True}
 
 
+def test_bench_records_the_cached_prompt_tokens_the_server_reports(system: System) -> None:
+    """One at a time: a picture seen before is served from the encoder cache, and each
+    result carries that request's ``cached_tokens``; the summary adds them up."""
+
+    def image(name: str) -> ImageRef:
+        return ImageRef(tokens=IMAGE_TOKENS, hash=f"cached-{name}", width=40, height=40)
+
+    shapes = [(image("a"),), (image("a"),), (image("a"), image("b")), ()]
+    records = [
+        TraceRecord(
+            request_id=f"cached-{i}",
+            arrival_s=0.01 * i,
+            prompt_tokens=30,
+            images=images,
+            output_tokens=3,
+        )
+        for i, images in enumerate(shapes)
+    ]
+    prompts = TokenExactPrompts.from_model_dir(system.model_dir)
+    results = replay(records, bench_config(system, prompts=prompts, max_concurrency=1))
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.server_cached_tokens for r in results] == [0, 16, 16, 0]
+    assert summarize(results).cached_prompt_tokens == 32
+
+
+def test_multi_turn_sessions_carry_the_conversation_to_the_server(system: System) -> None:
+    """A later turn's prompt is the whole conversation: the server counts the earlier
+    turn's prompt, its reply and the new message."""
+    picture = (ImageRef(tokens=IMAGE_TOKENS, hash="turns", width=40, height=40),)
+    records = [
+        TraceRecord(
+            request_id=f"{s}-{k}",
+            arrival_s=0.01 * k,
+            prompt_tokens=40 + 10 * k,
+            images=picture if k == 0 and s == "a" else (),
+            output_tokens=4,
+            session_id=s,
+        )
+        for s in ("a", "b")
+        for k in range(3)
+    ]
+    prompts = TokenExactPrompts.from_model_dir(system.model_dir)
+    results = {r.request_id: r for r in replay(records, bench_config(system, prompts=prompts))}
+    assert all(r.ok for r in results.values()), [r.error for r in results.values()]
+    assert summarize(list(results.values())).num_prompt_mismatches == 0
+    for s in ("a", "b"):
+        first = results[f"{s}-0"]
+        assert first.server_prompt_tokens == first.expected_prompt_tokens
+        for k in (1, 2):
+            before, now = results[f"{s}-{k - 1}"], results[f"{s}-{k}"]
+            assert now.expected_prompt_tokens is None  # the history depends on the replies
+            assert (now.server_prompt_tokens or 0) > (before.server_prompt_tokens or 0) + 4
+
+
 def test_aiperf_runs_clean_and_agrees_with_the_routers_trace(
     system: System, tmp_path: Path
 ) -> None:
