@@ -37,7 +37,7 @@ from epd_operator.planner import (
     reference_cost,
     workload_stats,
 )
-from epd_operator.prometheus import Prometheus
+from epd_operator.prometheus import Prometheus, with_live_attainment
 from epd_operator.resources import PoolSpec
 from epd_operator.rollout_driver import RolloutState, rollout_pass
 from epd_operator.router_api import RouterAPI
@@ -225,9 +225,10 @@ def reconcile(
         trace = router.trace_window(spec.profiler.trace_window_seconds)
         if trace is not None:
             stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
-        elif spec.monitoring.prometheus_url:
+        if spec.monitoring.prometheus_url:
             prom = Prometheus(spec.monitoring.prometheus_url)
-            stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
+            live = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
+            stats = with_live_attainment(stats, live)
         planner = auto_planner(
             trace.records if trace is not None else None,
             lambda: _cost_model(kube, namespace, spec),

@@ -93,6 +93,7 @@ def run_up(args: argparse.Namespace) -> int:
         run_dir=args.runs_dir / deployment.name,
         slo_ttft_s=slo.ttft_s,
         slo_tpot_s=slo.tpot_s,
+        slo_attainment=slo.attainment,
         dtype="float32" if args.device == "cpu" else spec.model.dtype,
         device=args.device,
         engine_args=[
