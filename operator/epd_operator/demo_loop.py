@@ -82,6 +82,7 @@ class PlanPoint:
     phase: str
     revision: int
     reason: str
+    planned: str = ""  # the loop's last decision: Planned reason and message
 
 
 def _messages(kind: str, rng: random.Random) -> list[dict[str, Any]]:
@@ -163,9 +164,11 @@ class PlanWatcher:
                     status["phase"],
                     status["revision"],
                     status["reason"],
+                    ": ".join(status["conditions"].get("Planned", ["", "", ""])[1:]),
                 )
                 last = self.points[-1] if self.points else None
-                if last is None or (last.plan, last.phase) != (point.plan, point.phase):
+                seen = (point.plan, point.phase, point.planned)
+                if last is None or (last.plan, last.phase, last.planned) != seen:
                     self.points.append(point)
             self._stop.wait(1.0)
 
@@ -189,12 +192,26 @@ def switches(points: list[PlanPoint]) -> list[dict[str, Any]]:
                     "reason": point.reason,
                     "decided_s": round(point.t_s, 1),
                     "serving_s": None,
+                    "complete_s": None,
                 }
             )
         last = out[-1] if out else None
-        serving = point.phase == "RolloutComplete"
-        if last and last["serving_s"] is None and point.plan == last["to"] and serving:
+        if last is None or point.plan != last["to"]:
+            continue
+        # Draining: every router replica confirmed the new plan's routing (it serves)
+        if last["serving_s"] is None and point.phase in ("Draining", "RolloutComplete"):
             last["serving_s"] = round(point.t_s, 1)
+        if last["complete_s"] is None and point.phase == "RolloutComplete":
+            last["complete_s"] = round(point.t_s, 1)
+    return out
+
+
+def decisions(points: list[PlanPoint]) -> list[dict[str, Any]]:
+    """Every decision of the loop (Planned: Replanned, PlanConfirmed, KeptCurrentPlan...)."""
+    out: list[dict[str, Any]] = []
+    for point in points:
+        if point.planned and (not out or out[-1]["planned"] != point.planned):
+            out.append({"t_s": round(point.t_s, 1), "planned": point.planned})
     return out
 
 
@@ -246,7 +263,10 @@ def plot(result: dict[str, Any], out: Path) -> None:
     ts = [p["t_s"] for p in result["plans"]]
     ax3.step([*ts, t[-1] if t else 0], [*ys, *ys[-1:]], where="post", color="tab:purple")
     ax3.set_yticks(range(len(plans)), plans)
-    ax3.set_ylabel("plan")
+    ax3.set_ylabel("plan decided")
+    for d in result.get("decisions", []):
+        level = next((y for x, y in zip(ts[::-1], ys[::-1], strict=True) if x <= d["t_s"]), 0)
+        ax3.plot(d["t_s"], level, marker="|", color="tab:gray", markersize=14)
     ax3.set_xlabel("seconds since the traffic started")
     for ax in (ax1, ax2, ax3):
         for p in result["phases"][1:]:
@@ -258,7 +278,8 @@ def plot(result: dict[str, Any], out: Path) -> None:
     fig.suptitle(
         f"epdctl up, mode: Auto (tiny model, CPU): {result['requests']} requests, "
         f"{result['failed']} failed, {len(result['switches'])} switches "
-        "(red dashed: decided, red: serving; black: workload shift)"
+        "\n(red dashed: decided, red: new plan serving; black: workload shift; grey ticks: "
+        "re-plans)"
     )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -311,6 +332,7 @@ def run_demo(
         "hung_clients": hung,
         "failures": sorted({s.error for s in samples if s.error})[:10],
         "switches": switches(watcher.points),
+        "decisions": decisions(watcher.points),
         "plans": [asdict(p) for p in watcher.points],
         "timeline": timeline(samples, watcher.points, bin_s=5.0),
     }

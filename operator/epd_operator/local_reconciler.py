@@ -91,6 +91,7 @@ class LocalReconciler:
         self.plan_max_requests = plan_max_requests
         self.memory = PlanMemory()
         self.state = RolloutState()
+        self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
 
     def reconcile(self, spec: EPDDeploymentSpec, now: datetime) -> LocalStatus:
         # a changed spec starts new pools with its engine flags (their names change too)
@@ -132,7 +133,9 @@ class LocalReconciler:
             k: (c.status, c.reason, c.message) for k, c in outcome.status.conditions.items()
         }
         if passed.note is not None:
-            conditions["Planned"] = (passed.note.status, passed.note.reason, passed.note.message)
+            self.planned = (passed.note.status, passed.note.reason, passed.note.message)
+        if self.planned is not None and spec.disaggregation.mode == "Auto":
+            conditions["Planned"] = self.planned  # the last decision, as the operator keeps it
         assert self.memory.plan is not None
         return LocalStatus(
             plan=plan.describe(),

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epd_operator.demo_loop import PlanPoint, Sample, plot, switches, timeline
+from epd_operator.demo_loop import PlanPoint, Sample, decisions, plot, switches, timeline
 
 
 def points() -> list[PlanPoint]:
     return [
-        PlanPoint(0.0, "E+P+D 1E1P1D", "RolloutComplete", 1, "heuristic"),
-        PlanPoint(40.0, "EPD 3EPD", "WaitingForPools", 2, "profiler"),
-        PlanPoint(70.0, "EPD 3EPD", "Draining", 2, "profiler"),
-        PlanPoint(75.0, "EPD 3EPD", "RolloutComplete", 2, "profiler"),
-        PlanPoint(130.0, "E+PD 1E2PD", "WaitingForPools", 3, "shift"),
+        PlanPoint(0.0, "E+P+D 1E1P1D", "RolloutComplete", 1, "heuristic", "Planned: h"),
+        PlanPoint(40.0, "EPD 3EPD", "WaitingForPools", 2, "profiler", "Replanned: p"),
+        PlanPoint(70.0, "EPD 3EPD", "Draining", 2, "profiler", "Replanned: p"),
+        PlanPoint(75.0, "EPD 3EPD", "RolloutComplete", 2, "profiler", "Replanned: p"),
+        PlanPoint(100.0, "EPD 3EPD", "RolloutComplete", 2, "profiler", "KeptCurrentPlan: k"),
+        PlanPoint(130.0, "E+PD 1E2PD", "WaitingForPools", 3, "shift", "Replanned: s"),
     ]
 
 
@@ -21,9 +22,12 @@ def test_switches_are_decided_then_serving() -> None:
     got = switches(points())
     assert got == [
         {"from": "E+P+D 1E1P1D", "to": "EPD 3EPD", "reason": "profiler",
-         "decided_s": 40.0, "serving_s": 75.0},
+         "decided_s": 40.0, "serving_s": 70.0, "complete_s": 75.0},
         {"from": "EPD 3EPD", "to": "E+PD 1E2PD", "reason": "shift",
-         "decided_s": 130.0, "serving_s": None},
+         "decided_s": 130.0, "serving_s": None, "complete_s": None},
+    ]  # fmt: skip
+    assert [d["planned"] for d in decisions(points())] == [
+        "Planned: h", "Replanned: p", "KeptCurrentPlan: k", "Replanned: s"
     ]  # fmt: skip
 
 
@@ -45,6 +49,7 @@ def test_timeline_bins_rate_attainment_and_plan(tmp_path: Path) -> None:
         "plans": [vars(p) for p in points()],
         "phases": [{"start_s": 0.0}, {"start_s": 40.0}],
         "switches": switches(points()),
+        "decisions": decisions(points()),
         "requests": 3,
         "failed": 0,
     }
