@@ -124,3 +124,8 @@ bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to mem
 	$(EPDCTL) bench-transfer --model $(MODEL_DIR) --out benchmarks/results/transfer-cpu.json
 
 .PHONY: bench-transfer
+
+demo-loop: venv model ## The loop closes on its own: epdctl up (Auto), text-heavy then image-heavy traffic, re-plans by itself (PNG timeline + JSON)
+	$(PY) -m epd_operator.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png
+
+.PHONY: demo-loop

@@ -48,6 +48,7 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     slo_ttft_s: float = 4.0
     slo_tpot_s: float = 0.08
+    slo_attainment: float = 0.9
     dtype: str = "float32"
     device: str = "cpu"
     engine_args: list[str] = field(default_factory=list)
@@ -127,6 +128,8 @@ def router_args(spec: LaunchSpec) -> list[str]:
         "--trace-dir", str(spec.run_dir / "trace"),
         "--slo-ttft", str(spec.slo_ttft_s),
         "--slo-tpot", str(spec.slo_tpot_s),
+        "--slo-attainment", str(spec.slo_attainment),
+        "--plan", str(spec.run_dir / "plan.json"),
         "--instance-timeout", str(spec.instance_timeout_s),
         "--progress-timeout", str(spec.progress_timeout_s),
         "--log-level", "warning",
@@ -196,6 +199,8 @@ class LocalSystem:
         return process
 
     def start(self) -> list[InstanceSpec]:
+        self.spec.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.spec.run_dir / "plan.json").write_text(self.spec.plan.model_dump_json(indent=2))
         self._start("router", router_args(self.spec))
         self.planned = instances(self.spec)
         for instance in self.planned:

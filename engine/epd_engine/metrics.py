@@ -152,10 +152,37 @@ class Metrics:
             _BASE,
             registry=r,
         )
+        # The deployment's objectives (router side), so dashboards draw the resource's SLO.
+        self.slo_objective = Gauge(
+            "epd_slo_objective",
+            "The SLO this deployment serves to: ttft_seconds, tpot_seconds (a request's p90 "
+            "gap), attainment_ratio (share of requests to meet both).",
+            (*_BASE, "objective"),
+            registry=r,
+        )
         self.plan = Info("epd_plan", "The plan currently served.", _BASE, registry=r)
         self.reconfigurations = Counter(
             "epd_reconfigurations_total", "Plan changes applied.", _BASE, registry=r
         )
+        # Counters and histograms exist from the start at 0, so Prometheus sees their first
+        # increments (increase() cannot count what came before a series' first sample: an
+        # encoder whose images all hit its cache after the first few would chart nothing)
+        # and a goodput of 0 is 0, not "no data".
+        labels = self.labels
+        for metric in vars(self).values():
+            if isinstance(metric, Counter | Histogram) and metric._labelnames == _BASE:
+                metric.labels(**labels)
+        self.requests.labels(**labels, outcome="success")
+        for overlapped in ("true", "false"):
+            self.kv_groups_pulled.labels(**labels, overlapped=overlapped)
+
+    def publish_slo(self, slo: SLO) -> None:
+        for objective, value in (
+            ("ttft_seconds", slo.ttft_s),
+            ("tpot_seconds", slo.tpot_s),
+            ("attainment_ratio", slo.attainment),
+        ):
+            self.slo_objective.labels(**self.labels, objective=objective).set(value)
 
     def observe_tokens(
         self, ttft_s: float, gaps_s: Sequence[float], slo: SLO, success: bool

@@ -6,7 +6,6 @@ re-reads the cluster; nothing is remembered between passes except what is in ``s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +14,7 @@ from pydantic import ValidationError
 
 from epd_engine.plan import Plan
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.trace import TraceRecord
 from epd_operator import guardrails, pod_health
 from epd_operator import operator_metrics as metrics
 from epd_operator import resources as r
@@ -22,22 +22,17 @@ from epd_operator.kube import Kube
 from epd_operator.loop import (
     ConditionState,
     ObservedPool,
-    Planner,
     WorkloadStats,
-    choose_plan,
-    heuristic_planner,
-    replan_due,
-    same_plan,
 )
+from epd_operator.plan_pass import PlanMemory, plan_pass
 from epd_operator.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
-    auto_planner,
     cost_model_from_json,
     reference_cost,
     workload_stats,
 )
-from epd_operator.prometheus import Prometheus
+from epd_operator.prometheus import Prometheus, with_live_attainment
 from epd_operator.resources import PoolSpec
 from epd_operator.rollout_driver import RolloutState, rollout_pass
 from epd_operator.router_api import RouterAPI
@@ -46,8 +41,6 @@ from epd_operator.spec import (
     Condition,
     EPDDeploymentSpec,
     EPDDeploymentStatus,
-    PlanStatus,
-    WorkloadSnapshot,
 )
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
@@ -77,34 +70,6 @@ def _ts(t: datetime) -> str:
 
 def _parse_ts(text: str) -> datetime | None:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
-
-
-def _milli(x: float | None) -> int | None:
-    return None if x is None else round(x * 1000)
-
-
-def snapshot(stats: WorkloadStats) -> WorkloadSnapshot:
-    return WorkloadSnapshot(
-        num_requests=stats.num_requests,
-        request_rate_milli_rps=round(stats.request_rate_rps * 1000),
-        mean_prompt_tokens=None
-        if stats.mean_prompt_tokens is None
-        else round(stats.mean_prompt_tokens),
-        mean_images_milli=_milli(stats.mean_images),
-        mean_output_tokens=None
-        if stats.mean_output_tokens is None
-        else round(stats.mean_output_tokens),
-    )
-
-
-def from_snapshot(snap: WorkloadSnapshot) -> WorkloadStats:
-    return WorkloadStats(
-        num_requests=snap.num_requests,
-        request_rate_rps=snap.request_rate_milli_rps / 1000,
-        mean_prompt_tokens=snap.mean_prompt_tokens,
-        mean_images=None if snap.mean_images_milli is None else snap.mean_images_milli / 1000,
-        mean_output_tokens=snap.mean_output_tokens,
-    )
 
 
 def _status(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
@@ -215,54 +180,40 @@ def reconcile(
         router_urls[0] if router_urls else r.router_url(owner), token, router_timeout_s
     )
 
-    # which plan
-    last_planned = _parse_ts(status.last_planned)
-    since_plan = (now - last_planned).total_seconds() if last_planned else float("inf")
-    planned_on = from_snapshot(status.planned_on) if status.planned_on else None
-    stats: WorkloadStats | None = None
-    planner: Planner = heuristic_planner
-    if replan_due(spec, status.plan, since_plan):  # Auto only; the window is read only then
+    # which plan (the same decision as local mode's)
+    def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
+        stats: WorkloadStats | None = None
         trace = router.trace_window(spec.profiler.trace_window_seconds)
         if trace is not None:
             stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
-        elif spec.monitoring.prometheus_url:
+        if spec.monitoring.prometheus_url:
             prom = Prometheus(spec.monitoring.prometheus_url)
-            stats = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
-        planner = auto_planner(
-            trace.records if trace is not None else None,
-            lambda: _cost_model(kube, namespace, spec),
-            timeout_s=plan_timeout_s,
-            max_requests=plan_max_requests,
-        )
-    last_change = _parse_ts(status.last_plan_change)
-    since_change = (now - last_change).total_seconds() if last_change else float("inf")
-    started = time.perf_counter()
-    choice = choose_plan(spec, status.plan, stats, planned_on, since_plan, planner, since_change)
-    if choice.ran:
-        metrics.PLANNER_SECONDS.labels(namespace, name).observe(time.perf_counter() - started)
-    if choice.note is not None:
-        metrics.DECISIONS.labels(namespace, name, choice.note.reason).inc()
-    plan, replanned = choice.plan, choice.ran
-    new_planned_on = status.planned_on
-    plan_status = status.plan
-    if replanned:
-        last_planned = now
-        new_planned_on = snapshot(stats) if stats is not None else None
-        if plan_status is not None and same_plan(plan_status.to_plan(), plan):
-            # same pools: keep the revision, record the new reason and prediction
-            plan_status = PlanStatus.from_plan(plan, plan_status.revision)
-    if plan_status is None or not same_plan(plan_status.to_plan(), plan):
-        revision = plan_status.revision + 1 if plan_status else 1
-        before = plan_status.to_plan().describe() if plan_status else "none"
-        plan_status = PlanStatus.from_plan(plan, revision)
-        post_event(
-            "Normal",
-            "PlanChanged",
-            f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
-        )
-        last_planned = last_change = now
-    # Render what the status records, so later passes (which read it back) render the same.
-    plan = plan_status.to_plan()
+            live = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
+            stats = with_live_attainment(stats, live)
+        return (trace.records if trace is not None else None), stats
+
+    memory = PlanMemory(
+        status.plan,
+        _parse_ts(status.last_planned),
+        _parse_ts(status.last_plan_change),
+        status.planned_on,
+    )
+    passed = plan_pass(
+        spec,
+        memory,
+        now,
+        read_workload,
+        post_event,
+        lambda: _cost_model(kube, namespace, spec),
+        plan_timeout_s,
+        plan_max_requests,
+    )
+    if passed.planner_s is not None:
+        metrics.PLANNER_SECONDS.labels(namespace, name).observe(passed.planner_s)
+    if passed.note is not None:
+        metrics.DECISIONS.labels(namespace, name, passed.note.reason).inc()
+    plan, memory = passed.plan, passed.memory
+    assert memory.plan is not None
 
     # shared children, then the rollout (the same driver as the local backend)
     desired = r.pool_specs(owner, plan)
@@ -292,7 +243,7 @@ def reconcile(
     )
     decided = {k: (c.status, c.reason, c.message) for k, c in decision.conditions.items()}
     decided = pod_health.report(kube, owner, decided, status.conditions, post_event)
-    planned = _planned_condition(spec, status.conditions, choice.note)
+    planned = _planned_condition(spec, status.conditions, passed.note)
     if planned is not None:
         decided[PLANNED] = planned
     conditions = merge_conditions(status.conditions, decided, generation, now)
@@ -301,13 +252,13 @@ def reconcile(
     new = EPDDeploymentStatus(
         observed_generation=generation,
         conditions=conditions,
-        plan=plan_status,
+        plan=memory.plan,
         pools=decision.pools,
         active_pools=sorted(outcome.state.active_pools),
         ready_pools=f"{ready}/{len(desired)}",
         draining_since=_ts(outcome.state.draining_since) if outcome.state.draining_since else "",
-        last_planned=_ts(last_planned) if last_planned else "",
-        last_plan_change=_ts(last_change) if last_change else "",
-        planned_on=new_planned_on,
+        last_planned=_ts(memory.last_planned) if memory.last_planned else "",
+        last_plan_change=_ts(memory.last_change) if memory.last_change else "",
+        planned_on=memory.planned_on,
     )
     return new.model_dump(mode="json", by_alias=True)

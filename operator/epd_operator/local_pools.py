@@ -105,6 +105,22 @@ class LocalPools:
             if r.popen.poll() is not None
         ]
 
+    def restart_dead(self) -> list[str]:
+        """Start again every replica whose process exited on its own (what a Deployment's
+        ReplicaSet does); returns their instance ids."""
+        restarted = []
+        for name, pool in self.pools.items():
+            spec = PoolSpec(name, pool.role, len(pool.replicas), pool.gpus_per_instance)
+            for rep in pool.replicas:
+                if rep.popen.poll() is not None:
+                    rep.popen = self._start(spec, rep.instance_id)
+                    restarted.append(rep.instance_id)
+        return restarted
+
+    def pids(self) -> list[int]:
+        """Every replica's process (each leads its own process group)."""
+        return [r.popen.pid for pool in self.pools.values() for r in pool.replicas]
+
     def _start(self, pool: PoolSpec, instance_id: str) -> subprocess.Popen[bytes]:
         e = self.engines
         port = _free_port()

@@ -6,9 +6,15 @@ trace window: finished requests (``epd_requests_total``) and SLO attainment
 histograms ``epd_request_{prompt_tokens,images,output_tokens}``; missing series give None
 and the planner falls back to defaults. Every query is instant
 (``/api/v1/query``); an unreachable server gives None and the operator keeps its plan.
+
+With both sources, the trace (one router replica's, read through the Service) gives the
+workload's shape and Prometheus the SLO attainment: it counts every replica and every
+outcome (``with_live_attainment``).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import httpx
 
@@ -57,3 +63,15 @@ class Prometheus:
             mean_output_tokens=self.scalar(mean("epd_request_output_tokens")),
             slo_attainment=met / num if met is not None and num > 0 else None,
         )
+
+
+def with_live_attainment(
+    trace: WorkloadStats | None, live: WorkloadStats | None
+) -> WorkloadStats | None:
+    """The trace's statistics with Prometheus' SLO attainment (all router replicas), or
+    whichever of the two exists."""
+    if trace is None:
+        return live
+    if live is None or live.slo_attainment is None:
+        return trace
+    return replace(trace, slo_attainment=live.slo_attainment)

@@ -190,6 +190,7 @@ def router_config(owner: Owner, plan: Plan, active_pools: list[str]) -> dict[str
         "method": plan.method.value,
         "slo_ttft_s": spec.slo.ttft_milliseconds / 1000,
         "slo_tpot_s": spec.slo.tpot_milliseconds / 1000,
+        "slo_attainment": spec.slo.attainment_percent / 100,
         "active_pools": sorted(active_pools) or None,
         "plan": {
             **plan.model_dump(mode="json"),

@@ -96,3 +96,40 @@ def test_rbac_grants_no_wildcards_and_no_secret_enumeration() -> None:
         secrets = [r["verbs"] for r in rules if "secrets" in r["resources"]]
         assert secrets == [["get", "create"]]
         assert not any("deletecollection" in r["verbs"] for r in rules)
+
+
+def _render(*sets: str) -> list[dict]:
+    args = [a for s in sets for a in ("--set", s)]
+    proc = helm(
+        "template", "epd", str(CHART), "-n", "epd-system", "--kube-version", "1.34.0", *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_operator_metrics_port_is_served_and_scraped() -> None:
+    docs = _render("serviceMonitor.enabled=true")
+    operator = next(d for d in docs if d["kind"] == "Deployment")
+    pod = operator["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["EPD_OPERATOR_METRICS_PORT"] == "8081"  # operator_metrics.serve listens here
+    assert {"name": "metrics", "containerPort": 8081} in container["ports"]
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics"}]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    monitor = next(d for d in docs if d["metadata"]["name"] == "epd-epd-operator-self")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_operator_metrics_off() -> None:
+    docs = _render("serviceMonitor.enabled=true", "operator.metricsPort=0")
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert [p["name"] for p in container["containers"][0]["ports"]] == ["health"]
+    assert not [d for d in docs if d["kind"] == "Service"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceMonitor"] == [
+        "epd-epd-operator"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -18,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-dir", type=Path, help="write the live trace here (rotating JSONL)")
     p.add_argument("--slo-ttft", type=float, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, help="TPOT SLO in seconds")
+    p.add_argument("--slo-attainment", type=float, help="share of requests to meet both SLOs (0-1]")
+    p.add_argument("--plan", type=Path, help="plan JSON it serves (epd_plan_info; `epdctl plan`)")
     p.add_argument("--instance-timeout", type=float, help="drop an instance after this silence (s)")
     p.add_argument("--max-request-bytes", type=int, help="larger bodies get 413")
     p.add_argument(
@@ -30,21 +33,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def settings_from(args: argparse.Namespace):
     from epd_engine.router.settings import RouterSettings
 
+    plan = None
+    if args.plan is not None:
+        try:
+            plan = json.loads(args.plan.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"cannot read plan {args.plan}: {exc}") from exc
     overrides = {
         "model": args.model,
+        "plan": plan,
         "trace_dir": args.trace_dir,
         "slo_ttft_s": args.slo_ttft,
         "slo_tpot_s": args.slo_tpot,
+        "slo_attainment": args.slo_attainment,
         "instance_timeout_s": args.instance_timeout,
         "max_request_bytes": args.max_request_bytes,
         "progress_timeout_s": args.progress_timeout,
     }
     try:
         if args.config is not None:
-            return RouterSettings.from_file(args.config, **overrides)
-        return RouterSettings(**{k: v for k, v in overrides.items() if v is not None})
+            settings = RouterSettings.from_file(args.config, **overrides)
+        else:
+            settings = RouterSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    if settings.plan is not None:
+        from epd_engine.router.plan_info import plan_labels
+
+        try:
+            plan_labels(settings.plan)
+        except ValueError as exc:
+            raise UserError(f"invalid plan: {exc}") from exc
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--device", default="cpu", help="cpu, or cuda for local GPUs")
     up.add_argument("--timeout", type=float, default=300, help="seconds to wait for readiness")
     up.add_argument("--detach", action="store_true", help="return once ready (stop: epdctl down)")
+    up.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="run the reconcile loop for a Fixed manifest too (`epdctl apply` changes it); "
+        "mode Auto without --plan always runs it",
+    )
     up.set_defaults(func=run_up)
 
     down = subparsers.add_parser("down", help="stop a system started by `epdctl up`")
@@ -35,6 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("name", nargs="?")
     status.add_argument("--runs-dir", type=Path, default=Path("runs"))
     status.set_defaults(func=run_status)
+
+
+def _reconciled(args: argparse.Namespace, deployment) -> bool:
+    auto = deployment.spec.disaggregation.mode == "Auto"
+    return bool(args.reconcile) or (auto and args.plan is None)
 
 
 def _load(args: argparse.Namespace):
@@ -54,10 +65,7 @@ def _load(args: argparse.Namespace):
     elif spec.disaggregation.mode == "Fixed":
         plan = fixed_plan(spec)
     else:
-        raise UserError(
-            f"{args.file}: disaggregation.mode is Auto; run `epdctl plan` on a trace and pass "
-            "--plan plan.json, or set mode: Fixed with a method and pools"
-        )
+        plan = None  # the reconcile loop plans (Auto)
     return deployment, plan
 
 
@@ -82,6 +90,9 @@ def run_up(args: argparse.Namespace) -> int:
     from epd_engine.launcher import LaunchSpec, LocalSystem
 
     deployment, plan = _load(args)
+    if _reconciled(args, deployment):
+        return _run_reconciled(args, deployment)
+    assert plan is not None
     spec = deployment.spec
     slo = spec.slo.to_slo()
     launch = LaunchSpec(
@@ -93,6 +104,7 @@ def run_up(args: argparse.Namespace) -> int:
         run_dir=args.runs_dir / deployment.name,
         slo_ttft_s=slo.ttft_s,
         slo_tpot_s=slo.tpot_s,
+        slo_attainment=slo.attainment,
         dtype="float32" if args.device == "cpu" else spec.model.dtype,
         device=args.device,
         engine_args=[
@@ -146,6 +158,33 @@ def run_up(args: argparse.Namespace) -> int:
     print("stopping...", flush=True)
     system.stop()
     return 0
+
+
+def _run_reconciled(args: argparse.Namespace, deployment) -> int:
+    """The reconcile loop on local processes (``epd_operator.local_run``): plans (Auto),
+    rolls out, and follows `epdctl apply` until stopped."""
+    from epd_operator.local_run import LocalRun, Options
+
+    run_dir = args.runs_dir / deployment.name
+    if args.detach:
+        return _detach(args, run_dir)
+    _refuse_or_clear_old_run(run_dir)
+    opts = Options(
+        name=deployment.name,
+        model_name=deployment.spec.model.name,
+        model_dir=_model_dir(args, deployment),
+        run_dir=run_dir,
+        port=args.port,
+        device=args.device,
+        dtype="float32" if args.device == "cpu" else deployment.spec.model.dtype,
+        timeout_s=args.timeout,
+    )
+    mode = deployment.spec.disaggregation.mode
+    print(f"starting the reconcile loop ({mode}) for {deployment.spec.model.name}", flush=True)
+    try:
+        return LocalRun(opts, args.file.read_text()).run()
+    except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
+        raise UserError(str(exc)) from exc
 
 
 def _detach(args: argparse.Namespace, run_dir: Path) -> int:

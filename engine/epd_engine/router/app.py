@@ -26,6 +26,7 @@ def create_app(settings: RouterSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = Metrics(settings.model, "router", "router")
+        metrics.publish_slo(settings.slo)
         if settings.plan is not None:
             publish_plan(metrics, plan_labels(settings.plan))
         registry = Registry(settings.instance_timeout_s)

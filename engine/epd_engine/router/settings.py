@@ -17,6 +17,7 @@ class RouterSettings(BaseModel):
     method: Method | None = None  # informational: the plan's method (epd_plan metric)
     slo_ttft_s: float = Field(default=4.0, gt=0)
     slo_tpot_s: float = Field(default=0.08, gt=0)
+    slo_attainment: float = Field(default=0.9, gt=0, le=1, description="share to meet both")
     instance_timeout_s: float = Field(default=3.0, gt=0, description="drop after this silence")
     max_attempts: int = Field(default=3, ge=1, description="paths tried per request")
     request_timeout_s: float = Field(default=600.0, gt=0, description="whole request")
@@ -32,7 +33,7 @@ class RouterSettings(BaseModel):
 
     @property
     def slo(self) -> SLO:
-        return SLO(ttft_s=self.slo_ttft_s, tpot_s=self.slo_tpot_s)
+        return SLO(ttft_s=self.slo_ttft_s, tpot_s=self.slo_tpot_s, attainment=self.slo_attainment)
 
     @classmethod
     def from_file(cls, path: Path, **overrides: object) -> RouterSettings:
