@@ -119,9 +119,9 @@ class LlavaModelConfig:
         config_path = Path(model_dir) / "config.json"
         if not config_path.is_file():
             raise ModelFormatError(f"{config_path} not found: not a Hugging Face model directory")
-        raw = _read_json(config_path)
+        raw = read_json(config_path)
         generation_path = Path(model_dir) / "generation_config.json"
-        generation = _read_json(generation_path) if generation_path.is_file() else None
+        generation = read_json(generation_path) if generation_path.is_file() else None
         return cls.from_dict(raw, generation=generation, source=str(config_path))
 
     @classmethod
@@ -203,7 +203,7 @@ def _parse_vision(raw: dict[str, Any], source: str) -> VisionConfig:
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
