@@ -114,6 +114,13 @@ class LlavaModelConfig:
         eos = self.eos_token_id
         return list(eos) if isinstance(eos, list) else [eos]
 
+    @property
+    def image_page_tokens(self) -> int:
+        """Rows of an image-cache page: one image per page (every image has this many)."""
+        return self.num_image_tokens
+
+    uses_mrope = False  # positions are the KV slots
+
     @classmethod
     def from_dir(cls, model_dir: Path) -> LlavaModelConfig:
         config_path = Path(model_dir) / "config.json"

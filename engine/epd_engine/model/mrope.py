@@ -11,6 +11,7 @@ stream. Semantics follow transformers' ``Qwen2VLModel.get_rope_index``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -74,3 +75,23 @@ def mrope_cos_sin(
     picked = freqs.gather(0, stream.view(1, 1, -1).expand(1, freqs.shape[1], -1))[0]  # [T, D/2]
     angles = torch.cat((picked, picked), dim=-1)  # [T, D]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@dataclass(frozen=True)
+class MRopeState:
+    """A request's rotary positions: its prompt's ``[3, T]`` and ``delta`` for what follows.
+
+    Derived from the prompt alone (token ids and image grids), so an instance a request
+    migrates to recomputes the same state from the request it receives.
+    """
+
+    prompt_positions: torch.Tensor  # [3, T] int64
+    delta: int
+
+    def positions(self, start: int, num_tokens: int) -> torch.Tensor:  # [3, num_tokens]
+        """Positions of the tokens at KV slots ``start .. start + num_tokens``."""
+        slots = torch.arange(start, start + num_tokens)
+        out = (slots + self.delta).expand(3, -1).clone()
+        in_prompt = max(0, min(num_tokens, self.prompt_positions.shape[1] - start))
+        out[:, :in_prompt] = self.prompt_positions[:, start : start + in_prompt]
+        return out

@@ -158,6 +158,22 @@ class Qwen2VLVision(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1).to(device)  # [P, Dv]
         return angles.cos(), angles.sin()
 
+    def encode_images(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One ``[h, w, C*t*p*p]`` patch grid per image (``processor.py``'s form) -> one
+        ``[h * w / merge^2, H]`` each; the images run as one batch."""
+        grids = [(1, int(p.shape[0]), int(p.shape[1])) for p in pixels]
+        embeds = self(torch.cat([p.flatten(0, 1) for p in pixels]), grids)
+        return list(embeds.split([self.num_tokens(grid) for grid in grids]))
+
+    def tokens_of(self, pixels: torch.Tensor) -> int:
+        """Embeddings ``encode_images`` makes of this image's ``[h, w, patch]`` grid."""
+        return self.num_tokens((1, int(pixels.shape[0]), int(pixels.shape[1])))
+
+    def probe_pixels(self, height: int = 448, width: int = 448) -> torch.Tensor:
+        """An image's patch grid as ``encode_images`` takes it, for timing."""
+        vc = self.config.vision
+        return torch.zeros(height // vc.patch_size, width // vc.patch_size, vc.patch_dim)
+
     def forward(
         self, patches: torch.Tensor, grids: Sequence[Grid]
     ) -> torch.Tensor:  # [P, C*t*p*p] -> [P / merge^2, H]

@@ -13,6 +13,7 @@ from typing import Any
 
 from epd_engine.model.model_config import ModelFormatError, read_json
 
+IMAGE_PAGE_TOKENS = 64  # a 448x448 image (256 tokens) takes 4 pages
 _TEXT_DEFAULTS: dict[str, Any] = {
     "vocab_size": 152064,
     "hidden_size": 8192,
@@ -96,6 +97,13 @@ class Qwen2VLModelConfig:
     def eos_token_ids(self) -> list[int]:
         eos = self.eos_token_id
         return list(eos) if isinstance(eos, list) else [eos]
+
+    @property
+    def image_page_tokens(self) -> int:
+        """Rows of an image-cache page; an image of more tokens spans several pages."""
+        return IMAGE_PAGE_TOKENS
+
+    uses_mrope = True  # three position streams, decoupled from the KV slots
 
     @property
     def merge_unit(self) -> int:

@@ -10,16 +10,20 @@ new module plus one entry in ``FAMILIES``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError, read_json
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
 
+if TYPE_CHECKING:
+    from epd_engine.model.mrope import MRopeState
+
 ModelConfig = LlavaModelConfig | Qwen2VLModelConfig
 Skippable = Callable[[str], bool]
+RopeRule = Callable[[list[int], Sequence[Any]], "MRopeState"]  # (token ids, ImageRefs) -> state
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,11 @@ class ModelFamily:
     language_class: str
     layout: CheckpointLayout
     image_tokens: Callable[[Path, ModelConfig], Callable[[int, int], int]]
+    processor: Callable[[Path], Any]  # model dir -> the checkpoint's transformers processor
     presets: tuple[str, ...]
+    # Multimodal RoPE: (model dir, config) -> (prompt token ids, image refs) -> MRopeState.
+    # None: positions are the KV slots.
+    rope: Callable[[Path, Any], RopeRule] | None = None
 
     def load_config(self, model_dir: Path) -> ModelConfig:
         return self.config_class.from_dir(model_dir)
@@ -132,6 +140,7 @@ LLAVA = ModelFamily(
         language_skippable=lambda name: name.endswith("rotary_emb.inv_freq"),
     ),
     image_tokens=_llava_image_tokens,
+    processor=lambda model_dir: _auto_processor(model_dir),
     presets=("tiny-llava", "llava-1.5-7b"),
 )
 
@@ -163,9 +172,11 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def _qwen2_vl_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[int, int], int]:
-    """Tokens of a ``width x height`` image under the checkpoint's image processor bounds."""
-    assert isinstance(config, Qwen2VLModelConfig)
+def qwen2_vl_image_grid(
+    model_dir: Path, config: Qwen2VLModelConfig
+) -> Callable[[int, int], tuple[int, int, int]]:
+    """``(t, h, w)`` patches of a ``width x height`` image under the checkpoint's image
+    processor bounds (its ``image_grid_thw``)."""
     path = Path(model_dir) / "preprocessor_config.json"
     pre = read_json(path) if path.is_file() else {}
     size = pre.get("size") or {}
@@ -174,11 +185,46 @@ def _qwen2_vl_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[in
     patch = int(pre.get("patch_size") or config.vision.patch_size)
     merge = int(pre.get("merge_size") or config.vision.spatial_merge_size)
 
-    def tokens(width: int, height: int) -> int:
+    def grid(width: int, height: int) -> tuple[int, int, int]:
         h, w = smart_resize(height, width, patch * merge, min_pixels, max_pixels)
-        return (h // patch) * (w // patch) // merge**2
+        return 1, h // patch, w // patch
+
+    return grid
+
+
+def _qwen2_vl_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[int, int], int]:
+    """Tokens of a ``width x height`` image: its patches over ``merge ** 2``."""
+    assert isinstance(config, Qwen2VLModelConfig)
+    grid = qwen2_vl_image_grid(model_dir, config)
+
+    def tokens(width: int, height: int) -> int:
+        t, h, w = grid(width, height)
+        return t * h * w // config.merge_unit
 
     return tokens
+
+
+def _qwen2_vl_rope(model_dir: Path, config: Qwen2VLModelConfig) -> RopeRule:
+    """A request's M-RoPE state from its prompt: each image's grid follows from its size
+    (the processor's rule), so any instance recomputes it from the request alone."""
+    grid_of = qwen2_vl_image_grid(model_dir, config)
+
+    def state(token_ids: list[int], images: Sequence[Any]) -> MRopeState:
+        from epd_engine.model.mrope import MRopeState, mrope_positions  # torch: when used
+
+        grids = [grid_of(image.width, image.height) for image in images]
+        for image, (t, h, w) in zip(images, grids, strict=True):
+            if t * h * w // config.merge_unit != image.num_tokens:
+                raise ValueError(
+                    f"image {image.width}x{image.height} has {image.num_tokens} tokens, "
+                    f"its grid {t}x{h}x{w} gives {t * h * w // config.merge_unit}"
+                )
+        positions, delta = mrope_positions(
+            token_ids, grids, config.image_token_index, config.vision.spatial_merge_size
+        )
+        return MRopeState(positions, delta)
+
+    return state
 
 
 QWEN2_VL = ModelFamily(
@@ -202,10 +248,24 @@ QWEN2_VL = ModelFamily(
         language_skippable=lambda name: name.endswith("rotary_emb.inv_freq"),
     ),
     image_tokens=_qwen2_vl_image_tokens,
+    processor=lambda model_dir: _qwen2_vl_processor(model_dir),
+    rope=lambda model_dir, config: _qwen2_vl_rope(model_dir, config),
     presets=("tiny-qwen2-vl", "qwen2-vl-7b"),
 )
 
 FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL)
+
+
+def _auto_processor(model_dir: Path) -> Any:
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model_dir))
+
+
+def _qwen2_vl_processor(model_dir: Path) -> Any:
+    from epd_engine.model.qwen2_vl_processor import load_qwen2_vl_processor
+
+    return load_qwen2_vl_processor(model_dir)
 
 
 def supported_architectures() -> list[str]:

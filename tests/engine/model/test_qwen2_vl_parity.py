@@ -12,7 +12,6 @@ from PIL import Image
 from epd_engine.model.generate import single_sequence_metadata
 from epd_engine.model.generate_qwen2_vl import greedy_generate, prompt_inputs
 from epd_engine.model.loader import load_language, load_vision
-from epd_engine.model.make_model import make_model
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
 from epd_engine.model.qwen2_vl_processor import load_qwen2_vl_processor
 from epd_engine.model.registry import QWEN2_VL, family_of
@@ -28,10 +27,8 @@ PROMPTS: dict[str, tuple[str, list[tuple[int, int]]]] = {
 
 
 @pytest.fixture(scope="session")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model_dir = tmp_path_factory.mktemp("tiny-qwen2-vl")
-    make_model("tiny-qwen2-vl", model_dir, seed=0, dtype="float32", show_progress=False)
-    return model_dir
+def qwen_dir(tiny_qwen2_vl_dir: Path) -> Path:
+    return tiny_qwen2_vl_dir
 
 
 @pytest.fixture(scope="session")
