@@ -121,6 +121,11 @@ class LlavaModelConfig:
 
     uses_mrope = False  # positions are the KV slots
 
+    @property
+    def fixed_image_tokens(self) -> int | None:
+        """Tokens every image takes (the cost model charges images at it)."""
+        return self.num_image_tokens
+
     @classmethod
     def from_dir(cls, model_dir: Path) -> LlavaModelConfig:
         config_path = Path(model_dir) / "config.json"

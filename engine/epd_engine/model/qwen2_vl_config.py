@@ -104,6 +104,7 @@ class Qwen2VLModelConfig:
         return IMAGE_PAGE_TOKENS
 
     uses_mrope = True  # three position streams, decoupled from the KV slots
+    fixed_image_tokens = None  # by resolution: the cost model reads each image's from the trace
 
     @property
     def merge_unit(self) -> int:

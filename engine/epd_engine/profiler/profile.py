@@ -278,7 +278,7 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         image_block_tokens=model.image_page_tokens,
         max_num_running=config.max_num_running,
         max_model_len=model.max_position_embeddings,
-        tokens_per_image=probe.image_tokens,  # LLaVA-1.5: fixed; Qwen2-VL: a 448x448 image
+        tokens_per_image=model.fixed_image_tokens,  # None: the trace's per-image tokens
     )
     meta = environment(config)
     meta["fit"] = {

@@ -66,3 +66,11 @@ def test_smart_resize_matches_transformers(height, width, expected):
 
     ours = smart_resize(height, width, 28, 56 * 56, 28 * 28 * 1280)
     assert ours == theirs(height, width, 28, 56 * 56, 28 * 28 * 1280) == expected
+
+
+def test_trace_image_tokens_use_the_processor_rule():
+    """``epdctl trace``'s Qwen2-VL token counts are the engine's (min_pixels included)."""
+    from epd_engine.bench.image_tokens import qwen2_vl
+
+    assert qwen2_vl(28, 28) == 4  # raised to min_pixels = 56 x 56, as the processor does
+    assert [qwen2_vl(280, 280), qwen2_vl(1280, 720), qwen2_vl(1920, 1080)] == [100, 1196, 2691]
