@@ -17,8 +17,8 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageP
 from transformers.processing_utils import ProcessorMixin
 
 
-class Qwen2VLImageProcessorOnly(Qwen2VLProcessor):  # type: ignore[misc]
-    attributes: ClassVar[list[str]] = ["image_processor", "tokenizer"]
+class Qwen2VLImageProcessorOnly(Qwen2VLProcessor):
+    attributes: ClassVar[list[str]] = ["image_processor", "tokenizer"]  # type: ignore[misc]
 
     def __init__(self, image_processor: Any, tokenizer: Any, chat_template: str | None = None):
         self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
@@ -27,7 +27,9 @@ class Qwen2VLImageProcessorOnly(Qwen2VLProcessor):  # type: ignore[misc]
         self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
-    def __call__(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any):
+    def __call__(  # type: ignore[override]
+        self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any
+    ) -> Any:
         if videos is not None:
             raise ValueError("videos are not supported")
         return super().__call__(images=images, text=text, **kwargs)
