@@ -39,6 +39,14 @@ class InputProcessor:
     def prepare(self, messages: list[dict[str, Any]], images: list[LoadedImage]) -> PreparedPrompt:
         """``messages`` in Hugging Face chat form (content parts ``text``/``image``)."""
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+        image_token = getattr(self.processor, "image_token", None)
+        if image_token and text.count(image_token) != len(images):
+            # Before the processor: Qwen2-VL's would index past its last image (IndexError).
+            raise ClientError(
+                f"prompt has {text.count(image_token)} image placeholders for {len(images)} "
+                f"images; do not put the image token {image_token!r} in text",
+                param="messages",
+            )
         try:
             encoded = self.processor(
                 text=text,
