@@ -18,7 +18,8 @@ from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
-from epd_engine.model.model_config import LlavaModelConfig
+from epd_engine.model.mrope import MRopeState
+from epd_engine.model.registry import RopeRule, family_of
 from epd_engine.processor import PreparedPrompt
 from epd_engine.request import Request, RequestStatus
 from epd_engine.runner import CacheShape, ModelRunner
@@ -70,7 +71,13 @@ class LLMEngine:
         self.config = config
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
-        self.model_config = LlavaModelConfig.from_dir(config.model_dir)
+        family = family_of(config.model_dir)
+        self.model_config = family.load_config(config.model_dir)
+        # M-RoPE families: each request's positions, computed when it is added here.
+        self._rope_rule: RopeRule | None = (
+            family.rope(config.model_dir, self.model_config) if family.rope else None
+        )
+        self._rope: dict[str, MRopeState] = {}
         dtype = dtype_of(config.dtype)
         role = config.role
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
@@ -83,7 +90,7 @@ class LLMEngine:
             num_kv_blocks=config.num_kv_blocks,
             kv_block_size=config.kv_block_size,
             num_image_blocks=config.num_image_blocks,
-            image_block_tokens=self.model_config.num_image_tokens,  # one image per page
+            image_block_tokens=self.model_config.image_page_tokens,
             hidden_size=self.model_config.hidden_size,
         )
         self.runner = ModelRunner(
@@ -151,9 +158,9 @@ class LLMEngine:
     def _time_encode(self, num_images: int) -> float:
         vision = self.runner.vision
         assert vision is not None
-        size = self.model_config.image_size
-        pixels = torch.zeros(num_images, 3, size, size, dtype=self.runner.dtype)
-        return best_of(lambda: vision(pixels.to(self.runner.device)), device=self.runner.device)
+        image = vision.probe_pixels().to(self.runner.device, self.runner.dtype)
+        pixels = [image] * num_images
+        return best_of(lambda: vision.encode_images(pixels), device=self.runner.device)
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -186,7 +193,12 @@ class LLMEngine:
             # caught here, not by isolation: on a GPU an embedding lookup out of range is a
             # device-side assert that no later step survives
             raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        rope = None
+        if self._rope_rule is not None:  # before the scheduler takes it: may raise
+            rope = self._rope_rule(request.prompt_token_ids, request.images)
         self.scheduler.add(request)  # raises ValueError when it can never fit
+        if rope is not None:
+            self._rope[request.request_id] = rope
         self._offered.discard(request.request_id)  # a request back from elsewhere
         self._pixels[request.request_id] = pixel_values or []
         self._sampling[request.request_id] = SamplingSpec(
@@ -252,7 +264,9 @@ class LLMEngine:
 
     def _execute(self, out: SchedulerOutput) -> dict[str, SampledToken]:
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
-        return self.runner.execute(out, pixels, self._sampling, self._watch_prefills(out))
+        return self.runner.execute(
+            out, pixels, self._sampling, self._watch_prefills(out), self._rope
+        )
 
     def _execute_isolated(
         self, out: SchedulerOutput
@@ -362,6 +376,7 @@ class LLMEngine:
             self.on_forget(request_id)
         self._pixels.pop(request_id, None)
         self._sampling.pop(request_id, None)
+        self._rope.pop(request_id, None)
         for stage in Stage:
             self._stage_ready_s.pop((request_id, stage), None)
             self._stage_started.pop((request_id, stage), None)

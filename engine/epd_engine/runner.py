@@ -14,6 +14,8 @@ import torch
 
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
+from epd_engine.model.mrope import MRopeState
+from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
 from epd_engine.sampler import Sampler
 from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
@@ -33,8 +35,8 @@ class CacheShape:
 class ModelRunner:
     def __init__(
         self,
-        vision: LlavaVision | None,
-        language: LlavaLanguage | None,
+        vision: LlavaVision | Qwen2VLVision | None,
+        language: LlavaLanguage | Qwen2VLLanguage | None,
         shape: CacheShape,
         dtype: torch.dtype,
         device: str,
@@ -64,12 +66,12 @@ class ModelRunner:
     # ---- encode -----------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, tasks: list[EncodeTask], pixels: list[torch.Tensor]) -> None:
-        """Run the vision tower on ``pixels`` (one [3, H, W] per task) into the image cache."""
+        """Run the vision tower on ``pixels`` (one image each, in the family's form, see
+        ``PreparedPrompt``) into the image cache, as one batch."""
         if not tasks:
             return
         assert self.vision is not None and self.image_cache is not None
-        batch = torch.stack(pixels).to(self.device, self.dtype)  # [N, 3, H, W]
-        embeds = self.vision(batch)  # [N, num_image_tokens, H]
+        embeds = self.vision.encode_images([p.to(self.device, self.dtype) for p in pixels])
         for task, embed in zip(tasks, embeds, strict=True):
             self.write_image(task.blocks, embed[: task.num_tokens])
 
@@ -89,11 +91,16 @@ class ModelRunner:
     # ---- prefill + decode -------------------------------------------------------------
     @torch.inference_mode()
     def forward(
-        self, tasks: list[TokenTask], layer_written: LayerWritten | None = None
+        self,
+        tasks: list[TokenTask],
+        layer_written: LayerWritten | None = None,
+        rope_of: Mapping[str, MRopeState] | None = None,
     ) -> torch.Tensor:
         """Hidden states of the last token of every task that samples: ``[S_sample, H]``.
 
         ``tasks``: decodes first (the attention backends' decode group), then prefills.
+        ``rope_of``: M-RoPE state per request (a model with M-RoPE; a request without
+        one, such as a timing probe, is positioned as text).
         """
         assert self.language is not None
         batch = AttentionBatch(
@@ -114,7 +121,10 @@ class ModelRunner:
                 dst = start + piece.dst_start
                 embeds[dst : dst + piece.num_tokens] = rows
             start += task.num_tokens
-        hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
+        positions = meta.positions
+        if self.language.config.uses_mrope:
+            positions = _mrope_positions(tasks, rope_of or {}).to(self.device, non_blocking=True)
+        hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written)
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[last_rows]
@@ -138,16 +148,30 @@ class ModelRunner:
         pixels: list[torch.Tensor],
         spec_of: Mapping[str, SamplingSpec],
         layer_written: LayerWritten | None = None,
+        rope_of: Mapping[str, MRopeState] | None = None,
     ) -> dict[str, SampledToken]:
         """Run one iteration: encodes first (their pages are read next iteration), then tokens."""
         self.encode(out.encodes, pixels)
         tasks = out.token_tasks
         if not tasks:
             return {}
-        hidden = self.forward(tasks, layer_written)
+        hidden = self.forward(tasks, layer_written, rope_of)
         sampling = [t for t in tasks if t.sample]
         rows = [
             SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens) for t in sampling
         ]
         tokens = self.sample(hidden, rows)
         return {t.request_id: token for t, token in zip(sampling, tokens, strict=True)}
+
+
+def _mrope_positions(tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> torch.Tensor:
+    """``[3, T]`` positions of a step's tokens (host tensor), task by task."""
+    parts = []
+    for task in tasks:
+        state = rope_of.get(task.request_id)
+        if state is None:
+            slots = torch.arange(task.start_position, task.start_position + task.num_tokens)
+            parts.append(slots.expand(3, -1))
+        else:
+            parts.append(state.positions(task.start_position, task.num_tokens))
+    return torch.cat(parts, dim=1)

@@ -92,9 +92,13 @@ class EngineBench:
 
         from epd_engine.config import EngineConfig
         from epd_engine.engine import LLMEngine
+        from epd_engine.model.model_config import LlavaModelConfig
+        from epd_engine.model.registry import LLAVA, family_of
 
         self.config = config
         c = config
+        if family_of(c.model_dir) is not LLAVA:  # the transformers reference is LLaVA's
+            raise ValueError(f"{c.model_dir}: bench-engine measures LLaVA checkpoints only")
         decode_tokens = max(c.decode_batches) * c.decode_context_tokens
         self.token_budget = max(*c.prefill_lengths, decode_tokens)  # no chunking, no mixing
         blocks_per_seq = -(-(c.decode_context_tokens + c.decode_new_tokens) // c.kv_block_size)
@@ -116,7 +120,9 @@ class EngineBench:
         self.hf: Any = LlavaForConditionalGeneration.from_pretrained(
             str(c.model_dir), dtype=torch.float32
         ).eval()
-        self.model_config = self.engine.model_config
+        model_config = self.engine.model_config
+        assert isinstance(model_config, LlavaModelConfig)
+        self.model_config = model_config
         self._rng = random.Random(c.seed)
         self._next_id = 0
 

@@ -39,12 +39,17 @@ def _qwen_vl(width: int, height: int, pixels_per_token_side: int, max_pixels: in
 
 
 def qwen2_vl(width: int, height: int) -> int:
-    """Qwen2-VL / Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 pixels.
+    """Qwen2-VL / Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 pixels, by the
+    processor's own ``smart_resize`` with ``Qwen2-VL-7B-Instruct``'s bounds (min_pixels
+    3,136, max_pixels 12,845,056), as the engine counts them.
 
     Matches EPD-Serve's transfer table: 280×280 → 100, 560×560 → 400, 720×1280 → 1196,
-    1080×1920 → 2691 tokens. Capped at the default max_pixels = 12,845,056.
+    1080×1920 → 2691 tokens.
     """
-    return _qwen_vl(width, height, 28, 12_845_056)
+    from epd_engine.model.registry import smart_resize
+
+    h, w = smart_resize(height, width, 28, 56 * 56, 12_845_056)
+    return (h // 28) * (w // 28)
 
 
 def qwen3_vl(width: int, height: int) -> int:

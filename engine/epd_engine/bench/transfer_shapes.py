@@ -15,6 +15,7 @@ from epd_engine.bench.transfer_peer import CacheSpec
 from epd_engine.cache.kv_cache import blocks_needed
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import LLAVA_15_7B, TINY_LLAVA
+from epd_engine.model.registry import ModelConfig, load_model_config
 from epd_engine.request import CacheKind, PullSpec
 from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.backend import PageTransfer
@@ -71,7 +72,7 @@ class TransferShape:
 
 def shape_of(
     name: str,
-    model: LlavaModelConfig,
+    model: ModelConfig,
     dtype: str,
     num_tokens: int = DEFAULT_TOKENS,
     layers_per_group: int = 8,
@@ -85,7 +86,7 @@ def shape_of(
         kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         num_image_pages=1,
-        image_tokens=model.num_image_tokens,
+        image_tokens=model.image_page_tokens,
         hidden=model.hidden_size,
         dtype=dtype,
     )
@@ -97,7 +98,7 @@ def tiny_shape(
 ) -> TransferShape:
     """The tiny checkpoint's geometry (its config.json; the preset's when there is none)."""
     if model_dir is not None and (model_dir / "config.json").is_file():
-        model = LlavaModelConfig.from_dir(model_dir)
+        model: ModelConfig = load_model_config(model_dir)
     else:
         model = LlavaModelConfig.from_dict(TINY_LLAVA.hf_config(TINY_LLAVA.default_dtype))
     return shape_of("tiny", model, model.torch_dtype or "float32", num_tokens, layers_per_group)

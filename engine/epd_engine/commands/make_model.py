@@ -1,4 +1,4 @@
-"""``epdctl make-model``: write a random-weight LLaVA checkpoint in Hugging Face hub layout."""
+"""``epdctl make-model``: write a random-weight checkpoint in Hugging Face hub layout."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from pathlib import Path
 
 from epd_engine.cli import UserError
 
-PRESET_NAMES = ("tiny-llava", "llava-1.5-7b")  # mirrors epd_engine.model.presets (no torch here)
+# Mirrors epd_engine.model.make_model.ALL_PRESETS (no torch here); a test keeps them equal.
+PRESET_NAMES = ("tiny-llava", "llava-1.5-7b", "tiny-qwen2-vl", "qwen2-vl-7b")
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "make-model",
-        help="write a random-weight LLaVA checkpoint (config, safetensors, tokenizer, processor)",
+        help="write a random-weight checkpoint (config, safetensors, tokenizer, processor)",
         description=(
-            "Write a random-weight LLaVA-1.5 checkpoint in the layout of llava-hf/llava-1.5-7b-hf, "
-            "loadable by the engine and by transformers. No download."
+            "Write a random-weight checkpoint in hub layout (LLaVA-1.5: llava-hf/llava-1.5-7b-hf; "
+            "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct), loadable by the engine and by transformers. "
+            "No download."
         ),
     )
     parser.add_argument("out_dir", metavar="DIR", type=Path, help="output directory")

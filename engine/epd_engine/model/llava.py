@@ -84,6 +84,19 @@ class LlavaVision(nn.Module):
             features = features[:, 1:]  # [N, P, Hv]: "default" strategy drops CLS
         return self.multi_modal_projector(features)
 
+    def encode_images(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One ``[3, S, S]`` per image -> one ``[num_image_tokens, H]`` each (one batch)."""
+        return list(self(torch.stack(pixels)))
+
+    def tokens_of(self, pixels: torch.Tensor) -> int:
+        """Embeddings ``encode_images`` makes of this image's pixels."""
+        return self.config.num_image_tokens
+
+    def probe_pixels(self) -> torch.Tensor:
+        """An image's pixels as ``encode_images`` takes them, for timing (LLaVA: one size)."""
+        size = self.config.image_size
+        return torch.zeros(3, size, size)
+
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlavaModelConfig, attention: AttentionBackend) -> None:

@@ -1,41 +1,33 @@
-"""Load one part of a LLaVA checkpoint (hub safetensors layout) without touching the other.
+"""Load one part of a checkpoint (hub safetensors layout) without touching the other.
 
 An E instance calls ``load_vision`` and never reads or allocates the LLM; P/D instances
-call ``load_language`` and never read the vision tower. Modules are built on the meta
-device, materialised empty, then filled tensor by tensor through ``safe_open``.
+call ``load_language`` and never read the vision tower. The checkpoint's family
+(``registry.family_of``) gives the module classes and where their tensors live. Modules
+are built on the meta device, materialised empty, then filled tensor by tensor through
+``safe_open``.
 
-Both key layouts are accepted: the hub's (``language_model.model.*``, ``vision_tower.*``,
-``multi_modal_projector.*``, ``language_model.lm_head.*``) and the one newer transformers
-saves (``model.language_model.*``, ``model.vision_tower.*``, ``lm_head.*`` ...).
+Both key layouts are accepted: the hub's (LLaVA: ``language_model.model.*``,
+``vision_tower.*`` ...; Qwen2-VL: ``model.*``, ``visual.*``) and the one newer
+transformers saves (``model.language_model.*``, ``model.visual.*``, ``lm_head.*`` ...).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from epd_engine.model.attention import AttentionBackend
-from epd_engine.model.llava import LlavaLanguage, LlavaVision
-from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
+from epd_engine.model.model_config import ModelFormatError
+from epd_engine.model.registry import CheckpointLayout, ModelFamily, family_of
 
-# Newer transformers layout -> hub layout (the canonical names below).
-_NEW_TO_HUB = (
-    ("model.language_model.", "language_model.model."),
-    ("model.vision_tower.", "vision_tower."),
-    ("model.multi_modal_projector.", "multi_modal_projector."),
-    ("lm_head.", "language_model.lm_head."),
-)
 _M = TypeVar("_M", bound=nn.Module)
-_LANGUAGE_PREFIX = "language_model."
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 # Our fused parameters read several hub tensors, concatenated along dim 0 in this order.
 _FUSED = (
     (".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
@@ -43,26 +35,16 @@ _FUSED = (
 )
 
 
-def load_vision(model_dir: Path, dtype: torch.dtype, device: str) -> LlavaVision:
-    """The CLIP tower + projector; reads only ``vision_tower.*`` / ``multi_modal_projector.*``."""
-    config = LlavaModelConfig.from_dir(Path(model_dir))
+def load_vision(model_dir: Path, dtype: torch.dtype, device: str) -> Any:
+    """The family's vision part (E stage); reads only its vision tensors."""
+    family = family_of(Path(model_dir))
+    config = family.load_config(Path(model_dir))
+    vision_class, _ = family.classes()
     with torch.device("meta"):  # no storage until _materialise
-        model = LlavaVision(config)
+        model = vision_class(config)
     model = _materialise(model, dtype, device)
-    used_layers = config.vision.num_layers_used
-    unused = re.compile(
-        r"vision_tower\.vision_model\.(post_layernorm\..*|embeddings\.position_ids"
-        r"|encoder\.layers\.(\d+)\..*)$"
-    )
-
-    def is_skippable(name: str) -> bool:
-        # LLaVA never runs the layers after vision_feature_layer, nor the post-LN.
-        match = unused.match(name)
-        if match is None:
-            return False
-        return match.group(2) is None or int(match.group(2)) >= used_layers
-
-    _fill(model, Path(model_dir), _VISION_PREFIXES, is_skippable)
+    layout = family.layout
+    _fill(model, Path(model_dir), family, layout.vision_prefixes, layout.vision_skippable(config))
     return model.eval()
 
 
@@ -71,17 +53,16 @@ def load_language(
     dtype: torch.dtype,
     device: str,
     attention: AttentionBackend | None = None,
-) -> LlavaLanguage:
-    """The LLaMA decoder + LM head; reads only ``language_model.*`` tensors."""
-    config = LlavaModelConfig.from_dir(Path(model_dir))
+) -> Any:
+    """The family's decoder + LM head (P/D stages); reads only its language tensors."""
+    family = family_of(Path(model_dir))
+    config = family.load_config(Path(model_dir))
+    _, language_class = family.classes()
     with torch.device("meta"):
-        language = LlavaLanguage(config, attention)
+        language = language_class(config, attention)
     language = _materialise(language, dtype, device)
-
-    def is_skippable(name: str) -> bool:
-        return name.endswith("rotary_emb.inv_freq")  # old checkpoints saved this buffer
-
-    _fill(language, Path(model_dir), (_LANGUAGE_PREFIX,), is_skippable)
+    layout = family.layout
+    _fill(language, Path(model_dir), family, layout.language_prefixes, layout.language_skippable)
     return language.eval()
 
 
@@ -90,24 +71,20 @@ def _materialise(model: _M, dtype: torch.dtype, device: str) -> _M:
     return model.to(dtype=dtype).to_empty(device=device)
 
 
-def _vision_source(param_name: str) -> str:
-    if param_name.startswith("vision_model."):
-        return "vision_tower.vision_model." + param_name.removeprefix("vision_model.").replace(
-            "layers.", "encoder.layers.", 1
-        )
-    return param_name  # multi_modal_projector.*
-
-
-def _language_source(param_name: str) -> str:
-    if param_name.startswith("lm_head."):
-        return "language_model." + param_name
-    return "language_model.model." + param_name
-
-
-def required_tensors(model: LlavaVision | LlavaLanguage) -> dict[str, list[str]]:
+def required_tensors(model: nn.Module, family: ModelFamily | None = None) -> dict[str, list[str]]:
     """Our parameter name -> the hub tensor names it is made of (several for fused ones)."""
-    to_canonical = _vision_source if isinstance(model, LlavaVision) else _language_source
-    return {name: _sources(to_canonical(name)) for name, _ in model.named_parameters()}
+    config: Any = model.config
+    if family is None:
+        from epd_engine.model.registry import FAMILIES
+
+        family = next(f for f in FAMILIES if isinstance(config, f.config_class))
+    layout = family.layout
+    vision_class, _ = family.classes()
+    if isinstance(model, vision_class):
+        return {name: _sources(layout.vision_source(name)) for name, _ in model.named_parameters()}
+    return {
+        name: _sources(layout.language_source(config, name)) for name, _ in model.named_parameters()
+    }
 
 
 def _sources(canonical: str) -> list[str]:
@@ -118,19 +95,21 @@ def _sources(canonical: str) -> list[str]:
 
 
 def _fill(
-    model: LlavaVision | LlavaLanguage,
+    model: nn.Module,
     model_dir: Path,
+    family: ModelFamily,
     own_prefixes: tuple[str, ...],
     is_skippable: Callable[[str], bool],
 ) -> None:
     """Copy every parameter from the checkpoint; error on missing or unexpected tensors."""
-    locations = checkpoint_locations(model_dir)  # canonical name -> (file, stored name)
-    wanted = required_tensors(model)
+    layout = family.layout
+    locations = checkpoint_locations(model_dir, layout)  # canonical -> (file, stored name)
+    wanted = required_tensors(model, family)
     needed = {src for srcs in wanted.values() for src in srcs}
     missing = sorted(src for src in needed if src not in locations)
     if missing:
         raise ModelFormatError(f"{model_dir}: missing tensors: {_listing(missing)}")
-    all_prefixes = (_LANGUAGE_PREFIX, *_VISION_PREFIXES)
+    all_prefixes = (*layout.language_prefixes, *layout.vision_prefixes)
     unexpected = sorted(
         name
         for name in locations
@@ -144,7 +123,11 @@ def _fill(
     by_file: dict[Path, list[str]] = defaultdict(list)
     for src in needed:
         by_file[locations[src][0]].append(src)
-    owner = {src: name for name, srcs in wanted.items() for src in srcs}
+    owners: dict[str, list[str]] = defaultdict(list)  # several when weights are tied
+    for name, srcs in wanted.items():
+        for src in srcs:
+            owners[src].append(name)
+    uses = {src: len(names) for src, names in owners.items()}  # parameters still to fill
     params = dict(model.named_parameters())
     loaded: dict[str, torch.Tensor] = {}
     for file, names in sorted(by_file.items()):
@@ -152,10 +135,15 @@ def _fill(
             for src in sorted(names):
                 loaded[src] = handle.get_tensor(locations[src][1])
                 # Copy once all parts of a parameter are read: host copies do not pile up.
-                param_name = owner[src]
-                srcs = wanted[param_name]
-                if all(part in loaded for part in srcs):
-                    _copy(params[param_name], [loaded.pop(part) for part in srcs], param_name, srcs)
+                for param_name in owners[src]:
+                    parts = wanted[param_name]
+                    if not all(part in loaded for part in parts):
+                        continue
+                    _copy(params[param_name], [loaded[part] for part in parts], param_name, parts)
+                    for part in parts:
+                        uses[part] -= 1
+                        if not uses[part]:
+                            del loaded[part]
 
 
 def _copy(param: nn.Parameter, parts: list[torch.Tensor], name: str, srcs: list[str]) -> None:
@@ -169,7 +157,7 @@ def _copy(param: nn.Parameter, parts: list[torch.Tensor], name: str, srcs: list[
         param.copy_(value)
 
 
-def checkpoint_locations(model_dir: Path) -> dict[str, tuple[Path, str]]:
+def checkpoint_locations(model_dir: Path, layout: CheckpointLayout) -> dict[str, tuple[Path, str]]:
     """Every tensor in the checkpoint: hub-layout name -> (file, name as stored)."""
     index_path = model_dir / "model.safetensors.index.json"
     stored: dict[str, Path] = {}
@@ -185,12 +173,7 @@ def checkpoint_locations(model_dir: Path) -> dict[str, tuple[Path, str]]:
                 stored.update(dict.fromkeys(handle.keys(), file))
     locations: dict[str, tuple[Path, str]] = {}
     for name, file in stored.items():
-        canonical = name
-        for new, hub in _NEW_TO_HUB:
-            if name.startswith(new):
-                canonical = hub + name.removeprefix(new)
-                break
-        locations[canonical] = (file, name)
+        locations[layout.canonical(name)] = (file, name)
     return locations
 
 

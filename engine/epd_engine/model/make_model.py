@@ -1,61 +1,40 @@
-"""Write a random-weight LLaVA checkpoint in the exact layout of ``llava-hf/llava-1.5-7b-hf``.
+"""Write a random-weight checkpoint in a family's hub layout (LLaVA: the layout of
+``llava-hf/llava-1.5-7b-hf``; Qwen2-VL: ``Qwen/Qwen2-VL-7B-Instruct``).
 
-Weights are generated shard by shard (only one shard in memory), each tensor from its own
-seed so values do not depend on the shard layout. The init keeps activations at unit
-scale and gives logits a spread of a few units, so greedy argmax is decided by the
-weights, not by float rounding: parity tests against transformers stay stable.
+Weights are generated shard by shard (only one shard in memory); values per tensor come
+from ``make_specs.random_tensor``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from epd_engine.model.make_specs import (
+    LOGIT_SCALE,
+    TensorSpec,
+    linear,
+    norm,
+    plan_shards,
+    random_tensor,
+)
 from epd_engine.model.make_tokenizer import write_tokenizer_files
 from epd_engine.model.presets import PRESETS, LlavaPreset
+from epd_engine.model.qwen2_vl_files import write_qwen2_vl_files
+from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS, Qwen2VLPreset
+from epd_engine.model.qwen2_vl_preset import tensor_specs as qwen2_vl_tensor_specs
+
+__all__ = ["ALL_PRESETS", "make_model", "plan_shards", "tensor_specs"]
+ALL_PRESETS: dict[str, LlavaPreset | Qwen2VLPreset] = {**PRESETS, **QWEN2_VL_PRESETS}
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
-LOGIT_SCALE = 4.0  # std of logits for unit-RMS final hidden states
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str  # hub name
-    shape: tuple[int, ...]
-    init: str  # "normal" (std given) | "norm_weight" | "bias"
-    std: float = 1.0
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
-
-
-def _linear(
-    name: str, fan_out: int, fan_in: int, bias: bool, gain: float = 1.0
-) -> list[TensorSpec]:
-    specs = [TensorSpec(f"{name}.weight", (fan_out, fan_in), "normal", gain / fan_in**0.5)]
-    if bias:
-        specs.append(TensorSpec(f"{name}.bias", (fan_out,), "bias"))
-    return specs
-
-
-def _norm(name: str, hidden: int, bias: bool) -> list[TensorSpec]:
-    specs = [TensorSpec(f"{name}.weight", (hidden,), "norm_weight")]
-    if bias:
-        specs.append(TensorSpec(f"{name}.bias", (hidden,), "bias"))
-    return specs
 
 
 def tensor_specs(preset: LlavaPreset) -> list[TensorSpec]:
@@ -75,20 +54,20 @@ def tensor_specs(preset: LlavaPreset) -> list[TensorSpec]:
             (preset.num_image_tokens + 1, hv),
             "normal",
         ),
-        *_norm("vision_tower.vision_model.pre_layrnorm", hv, bias=True),
+        *norm("vision_tower.vision_model.pre_layrnorm", hv, bias=True),
     ]
     for i in range(vc["num_hidden_layers"]):
         base = f"vision_tower.vision_model.encoder.layers.{i}"
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            specs += _linear(f"{base}.self_attn.{proj}", hv, hv, bias=True)
-        specs += _norm(f"{base}.layer_norm1", hv, bias=True)
-        specs += _linear(f"{base}.mlp.fc1", vc["intermediate_size"], hv, bias=True)
-        specs += _linear(f"{base}.mlp.fc2", hv, vc["intermediate_size"], bias=True)
-        specs += _norm(f"{base}.layer_norm2", hv, bias=True)
-    specs += _norm("vision_tower.vision_model.post_layernorm", hv, bias=True)
+            specs += linear(f"{base}.self_attn.{proj}", hv, hv, bias=True)
+        specs += norm(f"{base}.layer_norm1", hv, bias=True)
+        specs += linear(f"{base}.mlp.fc1", vc["intermediate_size"], hv, bias=True)
+        specs += linear(f"{base}.mlp.fc2", hv, vc["intermediate_size"], bias=True)
+        specs += norm(f"{base}.layer_norm2", hv, bias=True)
+    specs += norm("vision_tower.vision_model.post_layernorm", hv, bias=True)
     h, inter = tc["hidden_size"], tc["intermediate_size"]
-    specs += _linear("multi_modal_projector.linear_1", h, hv, bias=True)
-    specs += _linear("multi_modal_projector.linear_2", h, h, bias=True)
+    specs += linear("multi_modal_projector.linear_1", h, hv, bias=True)
+    specs += linear("multi_modal_projector.linear_2", h, h, bias=True)
 
     head_dim = h // tc["num_attention_heads"]
     q_size, kv_size = h, tc["num_key_value_heads"] * head_dim
@@ -97,50 +76,18 @@ def tensor_specs(preset: LlavaPreset) -> list[TensorSpec]:
     )
     for i in range(tc["num_hidden_layers"]):
         base = f"language_model.model.layers.{i}"
-        specs += _linear(f"{base}.self_attn.q_proj", q_size, h, bias=False)
-        specs += _linear(f"{base}.self_attn.k_proj", kv_size, h, bias=False)
-        specs += _linear(f"{base}.self_attn.v_proj", kv_size, h, bias=False)
-        specs += _linear(f"{base}.self_attn.o_proj", h, q_size, bias=False)
-        specs += _linear(f"{base}.mlp.gate_proj", inter, h, bias=False)
-        specs += _linear(f"{base}.mlp.up_proj", inter, h, bias=False)
-        specs += _linear(f"{base}.mlp.down_proj", h, inter, bias=False)
-        specs += _norm(f"{base}.input_layernorm", h, bias=False)
-        specs += _norm(f"{base}.post_attention_layernorm", h, bias=False)
-    specs += _norm("language_model.model.norm", h, bias=False)
-    specs += _linear("language_model.lm_head", tc["vocab_size"], h, bias=False, gain=LOGIT_SCALE)
+        specs += linear(f"{base}.self_attn.q_proj", q_size, h, bias=False)
+        specs += linear(f"{base}.self_attn.k_proj", kv_size, h, bias=False)
+        specs += linear(f"{base}.self_attn.v_proj", kv_size, h, bias=False)
+        specs += linear(f"{base}.self_attn.o_proj", h, q_size, bias=False)
+        specs += linear(f"{base}.mlp.gate_proj", inter, h, bias=False)
+        specs += linear(f"{base}.mlp.up_proj", inter, h, bias=False)
+        specs += linear(f"{base}.mlp.down_proj", h, inter, bias=False)
+        specs += norm(f"{base}.input_layernorm", h, bias=False)
+        specs += norm(f"{base}.post_attention_layernorm", h, bias=False)
+    specs += norm("language_model.model.norm", h, bias=False)
+    specs += linear("language_model.lm_head", tc["vocab_size"], h, bias=False, gain=LOGIT_SCALE)
     return specs
-
-
-def random_tensor(spec: TensorSpec, seed: int, dtype: torch.dtype) -> torch.Tensor:
-    """Deterministic per (seed, name): the same tensor whatever the shard layout."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(spec.name.encode()))
-    values = torch.randn(spec.shape, generator=generator)
-    if spec.init == "norm_weight":
-        values = 1.0 + 0.1 * values  # near 1, but not exactly: a skipped norm changes logits
-    elif spec.init == "bias":
-        values = 0.1 * values
-    else:
-        values = spec.std * values
-    return values.to(dtype)
-
-
-def plan_shards(
-    specs: list[TensorSpec], bytes_per_value: int, max_shard_bytes: int
-) -> list[list[TensorSpec]]:
-    """Greedy consecutive groups of at most ``max_shard_bytes`` (one tensor may exceed it)."""
-    shard: list[TensorSpec] = []
-    shard_bytes = 0
-    shards: list[list[TensorSpec]] = []
-    for spec in specs:
-        size = spec.numel * bytes_per_value
-        if shard and shard_bytes + size > max_shard_bytes:
-            shards.append(shard)
-            shard, shard_bytes = [], 0
-        shard.append(spec)
-        shard_bytes += size
-    if shard:
-        shards.append(shard)
-    return shards
 
 
 def make_model(
@@ -152,9 +99,9 @@ def make_model(
     show_progress: bool = True,
 ) -> Path:
     """Write config, weights, tokenizer and processor files of ``preset`` into ``out_dir``."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    spec_preset = PRESETS[preset]
+    if preset not in ALL_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(ALL_PRESETS)}")
+    spec_preset = ALL_PRESETS[preset]
     dtype_name = dtype or spec_preset.default_dtype
     torch_dtype = getattr(torch, dtype_name, None)
     if dtype_name not in ("float32", "float16", "bfloat16") or torch_dtype is None:
@@ -164,13 +111,18 @@ def make_model(
     (out_dir / "config.json").write_text(
         json.dumps(spec_preset.hf_config(dtype_name), indent=2) + "\n"
     )
-    write_tokenizer_files(spec_preset, out_dir)
-    _write_weights(spec_preset, out_dir, seed, torch_dtype, max_shard_bytes, show_progress)
+    if isinstance(spec_preset, Qwen2VLPreset):
+        write_qwen2_vl_files(spec_preset, out_dir)
+        specs = qwen2_vl_tensor_specs(spec_preset)
+    else:
+        write_tokenizer_files(spec_preset, out_dir)
+        specs = tensor_specs(spec_preset)
+    _write_weights(specs, out_dir, seed, torch_dtype, max_shard_bytes, show_progress)
     return out_dir
 
 
 def _write_weights(
-    preset: LlavaPreset,
+    specs: list[TensorSpec],
     out_dir: Path,
     seed: int,
     dtype: torch.dtype,
@@ -178,7 +130,6 @@ def _write_weights(
     show_progress: bool,
 ) -> None:
     bytes_per_value = torch.empty((), dtype=dtype).element_size()
-    specs = tensor_specs(preset)
     shards = plan_shards(specs, bytes_per_value, max_shard_bytes)
     total_bytes = sum(spec.numel for spec in specs) * bytes_per_value
     weight_map: dict[str, str] = {}

@@ -75,7 +75,7 @@ def build_tokenizer(preset: LlavaPreset) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus_lines(num_synthetic_words=base_vocab * 4), trainer)
-    tokenizer = _pad_vocab(tokenizer, base_vocab)
+    tokenizer = pad_vocab(tokenizer, base_vocab)
     tokenizer.add_special_tokens(
         [AddedToken(token, special=True, normalized=False) for token in (IMAGE, PAD)]
     )
@@ -88,7 +88,7 @@ def build_tokenizer(preset: LlavaPreset) -> Tokenizer:
     return tokenizer
 
 
-def _pad_vocab(tokenizer: Tokenizer, size: int) -> Tokenizer:
+def pad_vocab(tokenizer: Tokenizer, size: int) -> Tokenizer:
     """Fill a short trained vocab with never-produced filler tokens up to exactly ``size``."""
     state = json.loads(tokenizer.to_str())
     vocab: dict[str, int] = state["model"]["vocab"]

@@ -114,14 +114,26 @@ class LlavaModelConfig:
         eos = self.eos_token_id
         return list(eos) if isinstance(eos, list) else [eos]
 
+    @property
+    def image_page_tokens(self) -> int:
+        """Rows of an image-cache page: one image per page (every image has this many)."""
+        return self.num_image_tokens
+
+    uses_mrope = False  # positions are the KV slots
+
+    @property
+    def fixed_image_tokens(self) -> int | None:
+        """Tokens every image takes (the cost model charges images at it)."""
+        return self.num_image_tokens
+
     @classmethod
     def from_dir(cls, model_dir: Path) -> LlavaModelConfig:
         config_path = Path(model_dir) / "config.json"
         if not config_path.is_file():
             raise ModelFormatError(f"{config_path} not found: not a Hugging Face model directory")
-        raw = _read_json(config_path)
+        raw = read_json(config_path)
         generation_path = Path(model_dir) / "generation_config.json"
-        generation = _read_json(generation_path) if generation_path.is_file() else None
+        generation = read_json(generation_path) if generation_path.is_file() else None
         return cls.from_dict(raw, generation=generation, source=str(config_path))
 
     @classmethod
@@ -203,7 +215,7 @@ def _parse_vision(raw: dict[str, Any], source: str) -> VisionConfig:
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

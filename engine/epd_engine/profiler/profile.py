@@ -78,7 +78,7 @@ class RunnerProbe:
         import torch
 
         from epd_engine.model.loader import load_language, load_vision
-        from epd_engine.model.model_config import LlavaModelConfig
+        from epd_engine.model.registry import load_model_config
         from epd_engine.runner import CacheShape, ModelRunner
         from epd_engine.transfer.memory import dtype_of
 
@@ -86,7 +86,7 @@ class RunnerProbe:
         self.config = config
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
-        self.model = LlavaModelConfig.from_dir(config.model_dir)
+        self.model = load_model_config(config.model_dir)
         dtype = dtype_of(config.dtype)
         vision = load_vision(config.model_dir, dtype, config.device)
         language = load_language(config.model_dir, dtype, config.device)
@@ -94,13 +94,13 @@ class RunnerProbe:
             num_kv_blocks=config.num_kv_blocks,
             kv_block_size=config.kv_block_size,
             num_image_blocks=config.num_image_blocks,
-            image_block_tokens=self.model.num_image_tokens,
+            image_block_tokens=self.model.image_page_tokens,
             hidden_size=self.model.hidden_size,
         )
         self.runner = ModelRunner(vision, language, self.shape, dtype, config.device, True)
         self.params = SamplingSpec(SamplingParams(max_tokens=1, temperature=0.0))
-        size = self.model.image_size
-        self.pixels = torch.zeros(3, size, size)
+        self.pixels = vision.probe_pixels()  # one representative image
+        self.image_tokens = vision.tokens_of(self.pixels)
         self.max_context = min(
             self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
         )
@@ -119,11 +119,11 @@ class RunnerProbe:
         context: int = 0,
     ) -> SchedulerOutput:
         out = SchedulerOutput()
-        tokens = self.model.num_image_tokens
+        tokens = self.image_tokens
+        pages = -(-tokens // self.shape.image_block_tokens)
         for i in range(num_images):
-            out.encodes.append(
-                EncodeTask(f"img{i}", 0, f"h{i}", tokens, [i % self.shape.num_image_blocks])
-            )
+            blocks = [(i * pages + j) % self.shape.num_image_blocks for j in range(pages)]
+            out.encodes.append(EncodeTask(f"img{i}", 0, f"h{i}", tokens, blocks))
         if prefill is not None:
             chunk, start = prefill
             out.prefills.append(
@@ -275,10 +275,10 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         num_kv_blocks=config.num_kv_blocks,
         kv_block_size=config.kv_block_size,
         num_image_blocks=config.num_image_blocks,
-        image_block_tokens=model.num_image_tokens,
+        image_block_tokens=model.image_page_tokens,
         max_num_running=config.max_num_running,
         max_model_len=model.max_position_embeddings,
-        tokens_per_image=model.num_image_tokens,  # LLaVA-1.5: fixed per image
+        tokens_per_image=model.fixed_image_tokens,  # None: the trace's per-image tokens
     )
     meta = environment(config)
     meta["fit"] = {

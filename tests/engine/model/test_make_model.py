@@ -67,3 +67,22 @@ def test_tokenizer_and_processor_agree_with_the_config(tiny_model_dir, processor
     )
     assert prompt == "USER: <image>\nHi? ASSISTANT:"
     assert json.loads((tiny_model_dir / "config.json").read_text())["image_seq_length"] == 16
+
+
+def test_cli_presets_are_the_presets_make_model_knows():
+    from epd_engine.commands.make_model import PRESET_NAMES
+    from epd_engine.model.make_model import ALL_PRESETS
+    from epd_engine.model.registry import FAMILIES
+
+    assert set(PRESET_NAMES) == set(ALL_PRESETS)
+    assert set(PRESET_NAMES) == {preset for family in FAMILIES for preset in family.presets}
+
+
+def test_cli_writes_a_qwen2_vl_checkpoint(tmp_path):
+    out_dir = tmp_path / "q"
+    assert main(["make-model", str(out_dir), "--preset", "tiny-qwen2-vl"]) == 0
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+    weights = load_file(out_dir / "model.safetensors")
+    assert "visual.merger.mlp.2.weight" in weights and "lm_head.weight" in weights
+    assert "model.layers.1.self_attn.k_proj.bias" in weights

@@ -169,3 +169,18 @@ def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: 
     assert cost.transfer_backend == "shm"  # auto on one host, as `epdctl up` deploys
     assert cost.migration.bytes_per_s == cost.links["shm"].bytes_per_s
     assert cost.migration.kv_transfers == 1  # tiny-llava: 2 layers, one group of 8
+
+
+def test_profile_costs_on_qwen2_vl_charges_images_by_their_trace_tokens(
+    tiny_qwen2_vl_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "cost.json"
+    argv = ["profile-costs", "--model", str(tiny_qwen2_vl_dir), "--out", str(out)]
+    argv += ["--max-images", "2", "--max-prefill-tokens", "32", "--max-decode-batch", "2"]
+    argv += ["--repeats", "1", "--rounds", "1", "--no-progress"]
+    assert main(argv) == 0
+    cost = load_cost_model(out)
+    assert cost.capacity.tokens_per_image is None  # by resolution: the trace says
+    assert cost.image_tokens(77) == 77
+    assert cost.capacity.image_block_tokens == 64
+    assert cost.encode.per_token_s > 0

@@ -77,6 +77,25 @@ def test_image_heavy_traffic_under_a_tight_ttft_gets_more_encode_capacity() -> N
     assert chosen["heavy"].pools[Role.E] > chosen["light"].pools[Role.E], chosen
 
 
+def test_large_images_get_more_encode_capacity_than_small_ones() -> None:
+    """A resolution-dependent model (Qwen2-VL: ``tokens_per_image`` unset) is charged each
+    image's trace tokens: one 400-token image per request needs more E than one of 100."""
+    cost = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=5e-5)
+    assert cost.capacity.tokens_per_image is None
+    slo = SLO(ttft_s=0.25, tpot_s=0.05)
+    small = make_trace(150, 20.0, 400, image_tokens=100, output_tokens=3)  # E 10, P 25 ms
+    large = make_trace(150, 20.0, 400, image_tokens=400, output_tokens=3)  # E 40, P 40 ms
+    chosen = {}
+    for name, trace in (("small", small), ("large", large)):
+        evaluator, exhaustive, _ = search_plans(
+            trace, cost, slo, 8, methods=[Method.E_P_D], with_heuristic=False, show_progress=False
+        )
+        plan = plan_from_search(evaluator, exhaustive, None, slo)
+        assert plan is not None, name
+        chosen[name] = plan
+    assert chosen["large"].pools[Role.E] > chosen["small"].pools[Role.E], chosen
+
+
 def test_pruned_search_finds_what_brute_force_finds() -> None:
     cost = toy_cost_model(encode_per_image_s=0.015)
     slo = SLO(ttft_s=0.3, tpot_s=0.05)

@@ -1,0 +1,76 @@
+"""The model registry: a checkpoint's architecture picks its family, or a clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from epd_engine.model.loader import load_language
+from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
+from epd_engine.model.registry import (
+    LLAVA,
+    QWEN2_VL,
+    family_for,
+    family_of,
+    family_of_preset,
+    load_model_config,
+    smart_resize,
+)
+
+
+def test_family_by_architecture_then_model_type():
+    assert family_for({"architectures": ["LlavaForConditionalGeneration"]}) is LLAVA
+    assert family_for({"architectures": ["Qwen2VLForConditionalGeneration"]}) is QWEN2_VL
+    assert family_for({"model_type": "qwen2_vl"}) is QWEN2_VL
+
+
+def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path):
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "mllama")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = ["MllamaForConditionalGeneration"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    message = (
+        "unsupported architecture MllamaForConditionalGeneration; supported: "
+        "LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration"
+    )
+    with pytest.raises(ModelFormatError, match=message):
+        family_of(model_dir)
+    with pytest.raises(ModelFormatError, match=message):
+        load_language(model_dir, torch.float32, "cpu")
+
+
+def test_tiny_llava_resolves_to_llava(tiny_model_dir):
+    assert family_of(tiny_model_dir) is LLAVA
+    config = load_model_config(tiny_model_dir)
+    assert isinstance(config, LlavaModelConfig)
+    tokens = LLAVA.image_tokens(tiny_model_dir, config)
+    assert tokens(640, 480) == tokens(28, 28) == 16  # fixed per image
+
+
+def test_presets_belong_to_their_family():
+    assert family_of_preset("tiny-llava") is LLAVA
+    assert family_of_preset("tiny-qwen2-vl") is QWEN2_VL
+    with pytest.raises(ValueError, match="unknown preset 'nope'; choose from tiny-llava"):
+        family_of_preset("nope")
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "expected"),
+    [(28, 28, (56, 56)), (480, 640, (476, 644)), (4000, 3000, (1148, 840)), (100, 20, (112, 28))],
+)
+def test_smart_resize_matches_transformers(height, width, expected):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as theirs
+
+    ours = smart_resize(height, width, 28, 56 * 56, 28 * 28 * 1280)
+    assert ours == theirs(height, width, 28, 56 * 56, 28 * 28 * 1280) == expected
+
+
+def test_trace_image_tokens_use_the_processor_rule():
+    """``epdctl trace``'s Qwen2-VL token counts are the engine's (min_pixels included)."""
+    from epd_engine.bench.image_tokens import qwen2_vl
+
+    assert qwen2_vl(28, 28) == 4  # raised to min_pixels = 56 x 56, as the processor does
+    assert [qwen2_vl(280, 280), qwen2_vl(1280, 720), qwen2_vl(1920, 1080)] == [100, 1196, 2691]
