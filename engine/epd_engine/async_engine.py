@@ -1,10 +1,12 @@
 """Runs LLMEngine in a background thread and streams per-request outputs to asyncio.
 
 The event loop never blocks on the model: work crosses into the engine thread through an
-inbox of callables; outputs come back with ``loop.call_soon_threadsafe`` into each
-request's sink (a local queue for a direct client, or the router link when a router owns
-the request). After every step the engine thread also reports migrations to start:
-requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls).
+inbox of callables; outputs come back into each request's sink (a local queue for a direct
+client, or the router link when a router owns the request) in one batch per step and event
+loop: a single ``loop.call_soon_threadsafe`` (one wake-up of the loop, a socket write)
+carries every request's output of the step, in order, not one per token. After every step
+the engine thread also reports migrations to start: requests whose next stage lives
+elsewhere (handoffs) and pages to pull (pulls), each after the outputs before it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class AsyncEngine:
         self.on_evicted: Callable[[RequestOutputStream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.streams: dict[str, RequestOutputStream] = {}
+        # outputs not yet handed to their loops; _flush sends them, one call per loop
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[Sink, RequestOutput]]] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
@@ -165,53 +169,64 @@ class AsyncEngine:
     def _loop(self) -> None:
         idle = True
         while not self._stopping.is_set():
-            # Sleep while nothing can run: requests waiting for pages, pulls in flight or
-            # no requests at all. Everything that can change that (new work, a landed pull,
-            # a release that frees pages) arrives through the inbox and wakes us.
-            block = idle or not self.engine.has_work()
             try:
-                while True:
-                    self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
-                    block = False
-            except queue.Empty:
-                pass
-            except Exception:
-                log.exception("engine inbox task failed")
-            idle = True
-            if not self.engine.has_work():
-                continue
-            try:
-                events, stats = self.engine.step()
-            except Exception:  # a bug must not hang clients: fail everything in flight
-                log.exception("engine step failed")
-                for request_id in list(self.streams):
-                    self.fail(request_id, "internal engine error")
-                # and those nobody listens to, or the next step fails the same way forever
-                scheduler = self.engine.scheduler
-                for request in [*scheduler.waiting, *scheduler.running]:
-                    self.engine.abort(request.request_id)
-                continue
-            idle = stats.idle
-            self.num_steps += 1
-            if self._on_step is not None and not idle:
-                self._on_step(stats)
-            for timing in stats.stage_timings:
-                if (stream := self.streams.get(timing.request_id)) is not None:
-                    stream.pending_timings.append(timing)
-            for event in events:
-                self._deliver(event)
-            for request_id in stats.evicted_ids:
-                self._evicted(request_id)
-            for request in self.engine.take_handoffs():
-                stream = self.streams.pop(request.request_id, None)
-                if stream is not None and self.on_handoff is not None:
-                    self._flush_timings(request.request_id, stream)
-                    stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
-                else:  # nobody to hand it to (no router link): end it clearly
-                    self.engine.release_migrated(request.request_id)
-            for task in stats.pulls:
-                if self.on_pull is not None:
-                    self.on_pull(task)
+                idle = self._iterate(idle)
+            finally:
+                self._flush()
+
+    def _iterate(self, idle: bool) -> bool:
+        """Run the inbox, then one step if there is work; True when nothing could run."""
+        # Sleep while nothing can run: requests waiting for pages, pulls in flight or
+        # no requests at all. Everything that can change that (new work, a landed pull,
+        # a release that frees pages) arrives through the inbox and wakes us.
+        block = idle or not self.engine.has_work()
+        try:
+            while True:
+                self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
+                block = False
+        except queue.Empty:
+            pass
+        except Exception:
+            log.exception("engine inbox task failed")
+        self._flush()  # what the inbox's tasks emitted (a failed request) goes out now
+        idle = True
+        if not self.engine.has_work():
+            return idle
+        try:
+            events, stats = self.engine.step()
+        except Exception:  # a bug must not hang clients: fail everything in flight
+            log.exception("engine step failed")
+            for request_id in list(self.streams):
+                self.fail(request_id, "internal engine error")
+            # and those nobody listens to, or the next step fails the same way forever
+            scheduler = self.engine.scheduler
+            for request in [*scheduler.waiting, *scheduler.running]:
+                self.engine.abort(request.request_id)
+            return idle
+        idle = stats.idle
+        self.num_steps += 1
+        if self._on_step is not None and not idle:
+            self._on_step(stats)
+        for timing in stats.stage_timings:
+            if (stream := self.streams.get(timing.request_id)) is not None:
+                stream.pending_timings.append(timing)
+        for event in events:
+            self._deliver(event)
+        for request_id in stats.evicted_ids:
+            self._evicted(request_id)
+        self._flush()  # a request's outputs reach its loop before its hand-off
+        for request in self.engine.take_handoffs():
+            stream = self.streams.pop(request.request_id, None)
+            if stream is not None and self.on_handoff is not None:
+                self._flush_timings(request.request_id, stream)
+                self._flush()
+                stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
+            else:  # nobody to hand it to (no router link): end it clearly
+                self.engine.release_migrated(request.request_id)
+        for task in stats.pulls:
+            if self.on_pull is not None:
+                self.on_pull(task)
+        return idle
 
     def _evicted(self, request_id: str) -> None:
         """Out of pages where it cannot be recomputed: re-route it, or fail it clearly."""
@@ -221,6 +236,7 @@ class AsyncEngine:
         if stream.routing is not None and self.on_evicted is not None:
             self.streams.pop(request_id, None)
             self.engine.abort(request_id)
+            self._flush()  # its outputs so far first
             stream.loop.call_soon_threadsafe(self.on_evicted, stream)
         else:
             self.fail(request_id, "out of KV cache pages on a decode-only instance")
@@ -268,11 +284,26 @@ class AsyncEngine:
         stream.pending_timings = []
         if finish_reason is not None:
             self.streams.pop(request_id, None)
-        stream.loop.call_soon_threadsafe(stream.sink, output)
+        self._outbox.setdefault(stream.loop, []).append((stream.sink, output))
+
+    def _flush(self) -> None:
+        """Hand the outputs gathered so far to their event loops: one call per loop."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, outputs in outbox.items():
+            loop.call_soon_threadsafe(_run_sinks, outputs)
 
     def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
         if stream.pending_timings:
             self._emit(request_id, stream, None, None)
+
+
+def _run_sinks(outputs: list[tuple[Sink, RequestOutput]]) -> None:
+    """On the event loop: each output to its sink, in order; one failing sink spoils no other."""
+    for sink, output in outputs:
+        try:
+            sink(output)
+        except Exception:
+            log.exception("output sink of %s failed", output.request_id)
 
 
 def _set_result(future: asyncio.Future[object], value: object) -> None:
