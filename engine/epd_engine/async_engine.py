@@ -4,14 +4,18 @@ The event loop never blocks on the model: work crosses into the engine thread th
 inbox of callables; outputs come back into each request's sink (a local queue for a direct
 client, or the router link when a router owns the request) in one batch per step and event
 loop: a single ``loop.call_soon_threadsafe`` (one wake-up of the loop, a socket write)
-carries every request's output of the step, in order, not one per token. After every step
-the engine thread also reports migrations to start: requests whose next stage lives
-elsewhere (handoffs) and pages to pull (pulls), each after the outputs before it.
+carries every request's output of the step, in order, not one per token. Detokenizing
+happens there too, on the event loop, off the engine thread: a stop string found in the text
+ends the request through the inbox (the engine may have made one more token by then; the
+client never sees it). After every step the engine thread also reports migrations to start:
+requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls), each after
+the outputs before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -52,7 +56,10 @@ Sink = Callable[[RequestOutput], None]
 
 @dataclass
 class RequestOutputStream:
-    """Where one request's outputs go, and what the client has been sent so far."""
+    """Where one request's outputs go, and what the client has been sent so far. The
+    detokenizer, ``num_output_tokens`` and ``finished`` belong to the event loop (the engine
+    thread sets them only while no output of the request is on the way: at admission, or
+    when a pull lands)."""
 
     sink: Sink
     loop: asyncio.AbstractEventLoop
@@ -61,6 +68,7 @@ class RequestOutputStream:
     num_output_tokens: int = 0
     routing: Routing | None = None
     pending_timings: list[StageTiming] = field(default_factory=list)
+    finished: bool = False  # its last output went to the sink: drop any later one
 
 
 class AsyncEngine:
@@ -79,7 +87,9 @@ class AsyncEngine:
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.streams: dict[str, RequestOutputStream] = {}
         # outputs not yet handed to their loops; _flush sends them, one call per loop
-        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[Sink, RequestOutput]]] = {}
+        self._outbox: dict[
+            asyncio.AbstractEventLoop, list[tuple[RequestOutputStream, RequestOutput]]
+        ] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
@@ -220,7 +230,7 @@ class AsyncEngine:
             if stream is not None and self.on_handoff is not None:
                 self._flush_timings(request.request_id, stream)
                 self._flush()
-                stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
+                stream.loop.call_soon_threadsafe(self._hand_off, request, stream)
             else:  # nobody to hand it to (no router link): end it clearly
                 self.engine.release_migrated(request.request_id)
         for task in stats.pulls:
@@ -250,15 +260,8 @@ class AsyncEngine:
         stream = self.streams.get(request_id)
         if stream is None:
             return
-        delta = ""
-        if token_id is not None:
-            stream.num_output_tokens += 1
-            delta = stream.detokenizer.add(token_id, final=finish_reason is not None)
-            if stream.detokenizer.stopped and finish_reason is None:
-                finish_reason = "stop"
-                self.engine.finish_stopped(request_id)
         logprobs = [event.logprobs] if event.logprobs is not None else []
-        self._emit(request_id, stream, token_id, finish_reason, delta, logprobs=logprobs)
+        self._emit(request_id, stream, token_id, finish_reason, logprobs=logprobs)
 
     def _emit(
         self,
@@ -266,16 +269,16 @@ class AsyncEngine:
         stream: RequestOutputStream,
         token_id: int | None,
         finish_reason: str | None,
-        delta: str = "",
         error: str | None = None,
         logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
+        """Queue an output for the loop, which adds its text and token count (``_publish``)."""
         output = RequestOutput(
             request_id,
-            delta,
+            "",
             [token_id] if token_id is not None else [],
             stream.num_prompt_tokens,
-            stream.num_output_tokens,
+            0,
             finish_reason,
             error,
             stream.pending_timings,
@@ -284,26 +287,54 @@ class AsyncEngine:
         stream.pending_timings = []
         if finish_reason is not None:
             self.streams.pop(request_id, None)
-        self._outbox.setdefault(stream.loop, []).append((stream.sink, output))
+        self._outbox.setdefault(stream.loop, []).append((stream, output))
 
     def _flush(self) -> None:
         """Hand the outputs gathered so far to their event loops: one call per loop."""
         outbox, self._outbox = self._outbox, {}
         for loop, outputs in outbox.items():
-            loop.call_soon_threadsafe(_run_sinks, outputs)
+            loop.call_soon_threadsafe(self._publish, outputs)
+
+    # ---- event loop -------------------------------------------------------------------
+    def _publish(self, outputs: list[tuple[RequestOutputStream, RequestOutput]]) -> None:
+        """Detokenize each output's tokens, then hand it to its sink, in order (one failing
+        sink spoils no other)."""
+        for stream, output in outputs:
+            if stream.finished:
+                continue  # a stop string ended it; the engine made a token more meanwhile
+            try:
+                self._detokenize(stream, output)
+                stream.finished = output.finish_reason is not None
+                stream.sink(output)
+            except Exception:
+                log.exception("output of %s failed", output.request_id)
+
+    def _detokenize(self, stream: RequestOutputStream, output: RequestOutput) -> None:
+        final = output.finish_reason is not None
+        for token_id in output.new_token_ids:
+            stream.num_output_tokens += 1
+            output.text_delta += stream.detokenizer.add(token_id, final=final)
+            if stream.detokenizer.stopped and output.finish_reason is None:
+                output.finish_reason = "stop"
+                self.call(functools.partial(self._stopped, output.request_id, stream))
+                break
+        output.num_output_tokens = stream.num_output_tokens
+
+    def _hand_off(self, request: Request, stream: RequestOutputStream) -> None:
+        if stream.finished:  # a stop string in its last text ended it: nothing to hand on
+            self.call(lambda: self.engine.release_migrated(request.request_id))
+        elif self.on_handoff is not None:
+            self.on_handoff(request, stream)
+
+    def _stopped(self, request_id: str, stream: RequestOutputStream) -> None:
+        """Engine thread: the loop found a stop string; end the request, free its pages."""
+        if self.streams.get(request_id) is stream:
+            self.streams.pop(request_id)
+            self.engine.finish_stopped(request_id)
 
     def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
         if stream.pending_timings:
             self._emit(request_id, stream, None, None)
-
-
-def _run_sinks(outputs: list[tuple[Sink, RequestOutput]]) -> None:
-    """On the event loop: each output to its sink, in order; one failing sink spoils no other."""
-    for sink, output in outputs:
-        try:
-            sink(output)
-        except Exception:
-            log.exception("output sink of %s failed", output.request_id)
 
 
 def _set_result(future: asyncio.Future[object], value: object) -> None:
