@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -15,6 +17,7 @@ from epd_engine.engine import LLMEngine
 from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
 
+T = TypeVar("T")
 PROMPTS = [[1, 5 + i, 17, 40 + 3 * i, 9] for i in range(8)]
 
 
@@ -34,7 +37,11 @@ async def _generate(
     return outputs
 
 
-def _run(engine: LLMEngine, decode, coro_of):  # type: ignore[no-untyped-def]
+def _run(
+    engine: LLMEngine,
+    decode: Callable[[list[int]], str],
+    coro_of: Callable[[AsyncEngine], Coroutine[Any, Any, T]],
+) -> T:
     async_engine = AsyncEngine(engine, decode)
     async_engine.start()
     try:
@@ -65,29 +72,28 @@ def test_detokenizing_runs_on_the_event_loop_not_the_engine_thread(
 def test_one_loop_wake_up_per_step_not_per_token(engine: LLMEngine, tiny_model_dir: Path) -> None:
     processor = InputProcessor(tiny_model_dir, engine.model_config)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    wake_ups = 0
+    wake_ups = steps = 0
 
     async def batch(async_engine: AsyncEngine) -> list[list[RequestOutput]]:
-        nonlocal wake_ups
+        nonlocal steps
         loop = asyncio.get_running_loop()
         call_soon_threadsafe = loop.call_soon_threadsafe
 
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def counted(*args: Any, **kwargs: Any) -> asyncio.Handle:
             nonlocal wake_ups
             wake_ups += 1
             return call_soon_threadsafe(*args, **kwargs)
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = counted  # type: ignore[assignment,method-assign]
         steps_before = async_engine.num_steps
         results = await asyncio.gather(
             *(_generate(async_engine, f"b{i}", p, params) for i, p in enumerate(PROMPTS))
         )
-        batch.steps = async_engine.num_steps - steps_before  # type: ignore[attr-defined]
+        steps = async_engine.num_steps - steps_before
         return list(results)
 
     results = _run(engine, processor.decode, batch)
     assert all(len([t for o in r for t in o.new_token_ids]) == 8 for r in results)
-    steps = batch.steps  # type: ignore[attr-defined]
     # 64 tokens; the 8 admissions answer once each, then one wake-up per step
     assert wake_ups <= len(PROMPTS) + steps + 2, (wake_ups, steps)
 
