@@ -61,6 +61,7 @@ cluster-down: ## Stop the local control plane
 
 bench-engine: venv model ## Engine throughput on the tiny model vs transformers (JSON)
 	$(EPDCTL) bench-engine --model $(MODEL_DIR) --out benchmarks/results/engine-cpu.json
+	$(PY) benchmarks/bench_served.py --model $(MODEL_DIR) --out benchmarks/results/served-cpu.json
 
 .PHONY: help venv lock model serve serve-single test lint fmt crds cluster-bins cluster-up cluster-down bench-engine
 

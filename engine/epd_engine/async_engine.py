@@ -1,20 +1,26 @@
 """Runs LLMEngine in a background thread and streams per-request outputs to asyncio.
 
 The event loop never blocks on the model: work crosses into the engine thread through an
-inbox of callables; outputs come back with ``loop.call_soon_threadsafe`` into each
-request's sink (a local queue for a direct client, or the router link when a router owns
-the request). After every step the engine thread also reports migrations to start:
-requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls).
+inbox of callables; outputs come back into each request's sink (a local queue for a direct
+client, or the router link when a router owns the request) in one batch per step and event
+loop: a single ``loop.call_soon_threadsafe`` (one wake-up of the loop, a socket write)
+carries every request's output of the step, in order, not one per token. Detokenizing
+happens there too, on the event loop, off the engine thread: a stop string found in the text
+ends the request through the inbox (the engine may have made one more token by then; the
+client never sees it). After every step the engine thread also reports migrations to start:
+requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls), each after
+the outputs before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from epd_engine.detokenizer import Detokenizer
@@ -53,7 +59,10 @@ Sink = Callable[[RequestOutput], None]
 
 @dataclass
 class RequestOutputStream:
-    """Where one request's outputs go, and what the client has been sent so far."""
+    """Where one request's outputs go, and what the client has been sent so far. The
+    detokenizer, ``num_output_tokens`` and ``finished`` belong to the event loop (the engine
+    thread sets them only while no output of the request is on the way: at admission, or
+    when a pull lands)."""
 
     sink: Sink
     loop: asyncio.AbstractEventLoop
@@ -63,6 +72,7 @@ class RequestOutputStream:
     routing: Routing | None = None
     pending_timings: list[StageTiming] = field(default_factory=list)
     num_cached_tokens: int = 0
+    finished: bool = False  # its last output went to the sink: drop any later one
 
 
 class AsyncEngine:
@@ -80,6 +90,10 @@ class AsyncEngine:
         self.on_evicted: Callable[[RequestOutputStream], None] | None = None
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self.streams: dict[str, RequestOutputStream] = {}
+        # outputs not yet handed to their loops; _flush sends them, one call per loop
+        self._outbox: dict[
+            asyncio.AbstractEventLoop, list[tuple[RequestOutputStream, RequestOutput]]
+        ] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
@@ -169,51 +183,61 @@ class AsyncEngine:
     def _loop(self) -> None:
         idle = True
         while not self._stopping.is_set():
-            # Sleep while nothing can run: requests waiting for pages, pulls in flight or
-            # no requests at all. Everything that can change that (new work, a landed pull,
-            # a release that frees pages) arrives through the inbox and wakes us.
-            block = idle or not self.engine.has_work()
             try:
-                while True:
-                    self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
-                    block = False
-            except queue.Empty:
-                pass
-            except Exception:
-                log.exception("engine inbox task failed")
-            idle = True
-            if not self.engine.has_work():
-                continue
-            try:
-                events, stats = self.engine.step()
-            except Exception:  # a bug must not hang clients: fail everything in flight
-                log.exception("engine step failed")
-                for request_id in list(self.streams):
-                    self.fail(request_id, "internal engine error")
-                # and those nobody listens to, or the next step fails the same way forever
-                scheduler = self.engine.scheduler
-                for request in [*scheduler.waiting, *scheduler.running]:
-                    self.engine.abort(request.request_id)
-                continue
-            idle = stats.idle
-            self.num_steps += 1
-            if self._on_step is not None and not idle:
-                self._on_step(stats)
-            for request_id, message in stats.failed.items():
-                self.fail(request_id, message)
-            for timing in stats.stage_timings:
-                if (stream := self.streams.get(timing.request_id)) is not None:
-                    stream.pending_timings.append(timing)
-            # what follows is per request: one that raises fails alone, never the thread
-            for event in events:
-                self._isolated(event.request_id, self._deliver, event)
-            for request_id in stats.evicted_ids:
-                self._isolated(request_id, self._evicted, request_id)
-            for request in self.engine.take_handoffs():
-                self._isolated(request.request_id, self._hand_off, request)
-            for task in stats.pulls:
-                if self.on_pull is not None:
-                    self._isolated(task.request_id, self.on_pull, task)
+                idle = self._iterate(idle)
+            finally:
+                self._flush()
+
+    def _iterate(self, idle: bool) -> bool:
+        """Run the inbox, then one step if there is work; True when nothing could run."""
+        # Sleep while nothing can run: requests waiting for pages, pulls in flight or
+        # no requests at all. Everything that can change that (new work, a landed pull,
+        # a release that frees pages) arrives through the inbox and wakes us.
+        block = idle or not self.engine.has_work()
+        try:
+            while True:
+                self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
+                block = False
+        except queue.Empty:
+            pass
+        except Exception:
+            log.exception("engine inbox task failed")
+        self._flush()  # what the inbox's tasks emitted (a failed request) goes out now
+        idle = True
+        if not self.engine.has_work():
+            return idle
+        try:
+            events, stats = self.engine.step()
+        except Exception:  # a bug must not hang clients: fail everything in flight
+            log.exception("engine step failed")
+            for request_id in list(self.streams):
+                self.fail(request_id, "internal engine error")
+            # and those nobody listens to, or the next step fails the same way forever
+            scheduler = self.engine.scheduler
+            for request in [*scheduler.waiting, *scheduler.running]:
+                self.engine.abort(request.request_id)
+            return idle
+        idle = stats.idle
+        self.num_steps += 1
+        if self._on_step is not None and not idle:
+            self._on_step(stats)
+        for request_id, message in stats.failed.items():
+            self.fail(request_id, message)
+        for timing in stats.stage_timings:
+            if (stream := self.streams.get(timing.request_id)) is not None:
+                stream.pending_timings.append(timing)
+        # what follows is per request: one that raises fails alone, never the thread
+        for event in events:
+            self._isolated(event.request_id, self._deliver, event)
+        for request_id in stats.evicted_ids:
+            self._isolated(request_id, self._evicted, request_id)
+        self._flush()  # a request's outputs reach its loop before its hand-off
+        for request in self.engine.take_handoffs():
+            self._isolated(request.request_id, self._send_on, request)
+        for task in stats.pulls:
+            if self.on_pull is not None:
+                self._isolated(task.request_id, self.on_pull, task)
+        return idle
 
     def _isolated(self, request_id: str, fn: Callable[[T], None], arg: T) -> None:
         """Engine thread: ``fn(arg)`` for one request; if it raises, that request fails (a
@@ -228,12 +252,15 @@ class AsyncEngine:
                 log.exception("could not fail request %s", request_id)
                 self.streams.pop(request_id, None)
 
-    def _hand_off(self, request: Request) -> None:
+    def _send_on(self, request: Request) -> None:
+        """Engine thread: a request this instance hands to the next stage; its loop gets
+        what it emitted before the hand-off itself."""
         stream = self.streams.pop(request.request_id, None)
         if stream is not None and self.on_handoff is not None:
             stream.num_cached_tokens = request.num_cached_tokens
             self._flush_timings(request.request_id, stream)
-            stream.loop.call_soon_threadsafe(self.on_handoff, request, stream)
+            self._flush()
+            stream.loop.call_soon_threadsafe(self._hand_off, request, stream)
         else:  # nobody to hand it to (no router link): end it clearly
             self.engine.release_migrated(request.request_id)
 
@@ -245,6 +272,7 @@ class AsyncEngine:
         if stream.routing is not None and self.on_evicted is not None:
             self.streams.pop(request_id, None)
             self.engine.abort(request_id)
+            self._flush()  # its outputs so far first
             stream.loop.call_soon_threadsafe(self.on_evicted, stream)
         else:
             self.fail(request_id, "out of KV cache pages on a decode-only instance")
@@ -258,15 +286,8 @@ class AsyncEngine:
         stream = self.streams.get(request_id)
         if stream is None:
             return
-        delta = ""
-        if token_id is not None:
-            stream.num_output_tokens += 1
-            delta = stream.detokenizer.add(token_id, final=finish_reason is not None)
-            if stream.detokenizer.stopped and finish_reason is None:
-                finish_reason = "stop"
-                self.engine.finish_stopped(request_id)
         logprobs = [event.logprobs] if event.logprobs is not None else []
-        self._emit(request_id, stream, token_id, finish_reason, delta, logprobs=logprobs)
+        self._emit(request_id, stream, token_id, finish_reason, logprobs=logprobs)
 
     def _emit(
         self,
@@ -274,18 +295,18 @@ class AsyncEngine:
         stream: RequestOutputStream,
         token_id: int | None,
         finish_reason: str | None,
-        delta: str = "",
         error: str | None = None,
         logprobs: list[TokenLogprobs] | None = None,
     ) -> None:
+        """Queue an output for the loop, which adds its text and token count (``_publish``)."""
         if (request := self.engine.scheduler.requests.get(request_id)) is not None:
             stream.num_cached_tokens = max(stream.num_cached_tokens, request.num_cached_tokens)
         output = RequestOutput(
             request_id,
-            delta,
+            "",
             [token_id] if token_id is not None else [],
             stream.num_prompt_tokens,
-            stream.num_output_tokens,
+            0,
             finish_reason,
             error,
             stream.pending_timings,
@@ -295,7 +316,64 @@ class AsyncEngine:
         stream.pending_timings = []
         if finish_reason is not None:
             self.streams.pop(request_id, None)
-        stream.loop.call_soon_threadsafe(stream.sink, output)
+        self._outbox.setdefault(stream.loop, []).append((stream, output))
+
+    def _flush(self) -> None:
+        """Hand the outputs gathered so far to their event loops: one call per loop."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, outputs in outbox.items():
+            loop.call_soon_threadsafe(self._publish, outputs)
+
+    # ---- event loop -------------------------------------------------------------------
+    def _publish(self, outputs: list[tuple[RequestOutputStream, RequestOutput]]) -> None:
+        """Detokenize each output's tokens, then hand it to its sink, in order (one failing
+        sink spoils no other)."""
+        for stream, output in outputs:
+            if stream.finished:
+                continue  # a stop string ended it; the engine made a token more meanwhile
+            try:
+                self._detokenize(stream, output)
+            except Exception:  # this request's output cannot be read: it fails, alone
+                log.exception("detokenizing the output of %s failed", output.request_id)
+                output = replace(
+                    output, text_delta="", new_token_ids=[], logprobs=[],
+                    finish_reason="error", error=REQUEST_FAILED,
+                )  # fmt: skip
+                self.call(functools.partial(self._abandon, output.request_id, stream))
+            stream.finished = output.finish_reason is not None
+            try:
+                stream.sink(output)
+            except Exception:
+                log.exception("output of %s failed", output.request_id)
+
+    def _detokenize(self, stream: RequestOutputStream, output: RequestOutput) -> None:
+        final = output.finish_reason is not None
+        for token_id in output.new_token_ids:
+            stream.num_output_tokens += 1
+            output.text_delta += stream.detokenizer.add(token_id, final=final)
+            if stream.detokenizer.stopped and output.finish_reason is None:
+                output.finish_reason = "stop"
+                self.call(functools.partial(self._stopped, output.request_id, stream))
+                break
+        output.num_output_tokens = stream.num_output_tokens
+
+    def _hand_off(self, request: Request, stream: RequestOutputStream) -> None:
+        if stream.finished:  # a stop string in its last text ended it: nothing to hand on
+            self.call(lambda: self.engine.release_migrated(request.request_id))
+        elif self.on_handoff is not None:
+            self.on_handoff(request, stream)
+
+    def _abandon(self, request_id: str, stream: RequestOutputStream) -> None:
+        """Engine thread: the loop ended the request with an error; free its pages."""
+        if self.streams.get(request_id) is stream:
+            self.streams.pop(request_id)
+            self.engine.abort(request_id)
+
+    def _stopped(self, request_id: str, stream: RequestOutputStream) -> None:
+        """Engine thread: the loop found a stop string; end the request, free its pages."""
+        if self.streams.get(request_id) is stream:
+            self.streams.pop(request_id)
+            self.engine.finish_stopped(request_id)
 
     def _flush_timings(self, request_id: str, stream: RequestOutputStream) -> None:
         """What the router has not heard of a request handed on: its stage timings and the

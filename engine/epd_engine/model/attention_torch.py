@@ -4,8 +4,9 @@
 decode group's padded page table and length mask, and per prefill its pages and causal
 mask. ``forward`` (every layer) then only indexes and calls SDPA, one call per group so CPU
 time goes to math, not Python:
-- decodes (one new token each) are batched: pages gathered into a padded ``[S, L]`` K/V
-  with a length mask;
+- decodes (one new token each) are batched: their K and V rows are gathered with one
+  ``index_select`` each from the cache seen as flat rows ``[num_blocks * 2 * block_size, Hkv,
+  D]`` (row numbers built in ``prepare``) into a padded ``[S, L]`` K/V with a length mask;
 - a prefill with nothing cached attends over its own K/V with ``is_causal`` (SDPA's fast
   path; an explicit mask would send it down the slow general path);
 - a chunk after cached tokens gathers its pages and uses a causal mask offset by them.
@@ -36,21 +37,38 @@ class PrefillPlan:
 class TorchAttentionMetadata(AttentionMetadata):
     write_blocks: torch.Tensor  # [T] int64: page of each new token
     write_offsets: torch.Tensor  # [T] int64: its offset in the page
+    write_rows: torch.Tensor  # [2, T] int64: K and V row of each new token (``flat_rows``)
     decode_pages: torch.Tensor | None  # [Sd, P] int64, padded with page 0 (masked out)
+    decode_rows: torch.Tensor | None  # [2, Sd * P * block_size] int64: K and V rows to gather
     decode_mask: torch.Tensor | None  # [Sd, 1, 1, P * block_size] bool
     prefills: list[PrefillPlan]
+
+
+def flat_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The cache ``[num_blocks, 2, block_size, Hkv, D]`` as rows ``[num_blocks * 2 *
+    block_size, Hkv, D]``: K of (page b, offset o) is row ``(2b) * block_size + o``, its V
+    ``block_size`` rows later. A view, so reads and writes through it hit the cache."""
+    if not kv_cache.is_contiguous():
+        raise ValueError("TorchPagedAttention needs a contiguous KV cache")
+    return kv_cache.view(-1, kv_cache.shape[-2], kv_cache.shape[-1])
+
+
+def kv_rows(blocks: torch.Tensor, offsets: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[2, N]``: rows of K (0) and V (1) in ``flat_rows`` of tokens at ``blocks``/``offsets``."""
+    k = (blocks * (2 * block_size) + offsets).flatten()
+    return torch.stack((k, k + block_size))
 
 
 def write_kv_cache(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
-    blocks: torch.Tensor,  # [T] int64
-    offsets: torch.Tensor,  # [T] int64
+    rows: torch.Tensor,  # [2, T] int64 K and V rows (``kv_rows``)
 ) -> None:
-    """Store this step's K/V at their pages and offsets."""
-    kv_cache[blocks, 0, offsets] = k.to(kv_cache.dtype)
-    kv_cache[blocks, 1, offsets] = v.to(kv_cache.dtype)
+    """Store this step's K/V at their pages and offsets (two ``index_copy_``)."""
+    flat = flat_rows(kv_cache)
+    flat.index_copy_(0, rows[0], k.to(kv_cache.dtype))
+    flat.index_copy_(0, rows[1], v.to(kv_cache.dtype))
 
 
 def _gather(kv_cache: torch.Tensor, pages: torch.Tensor, length: int, index: int) -> torch.Tensor:
@@ -65,7 +83,7 @@ class TorchPagedAttention:
         base = build_metadata(batch, device)
         block_size = batch.block_size
         num_decodes = base.num_decodes
-        decode_pages = decode_mask = None
+        decode_pages = decode_rows = decode_mask = None
         if num_decodes:
             pages = [-(-n // block_size) for n in batch.context_lens[:num_decodes]]
             width = max(pages)
@@ -74,6 +92,8 @@ class TorchPagedAttention:
                 for t, n in zip(batch.block_tables[:num_decodes], pages, strict=True)
             ]
             decode_pages = torch.tensor(padded, dtype=torch.long).to(device)  # [Sd, P]
+            in_page = torch.arange(block_size, device=device)
+            decode_rows = kv_rows(decode_pages[:, :, None], in_page, block_size)
             key_pos = torch.arange(width * block_size, device=device)  # [L]
             lengths = base.context_lens[:num_decodes, None]  # [Sd, 1]
             decode_mask = (key_pos[None, :] < lengths)[:, None, None, :]  # [Sd, 1, 1, L]
@@ -94,11 +114,15 @@ class TorchPagedAttention:
                 mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
                 prefills.append(PrefillPlan(start, end, ctx, pages_t.to(device), mask))
             start = end
+        write_blocks = torch.div(base.slot_mapping, block_size, rounding_mode="floor")
+        write_offsets = base.slot_mapping % block_size
         return TorchAttentionMetadata(
             **vars(base),
-            write_blocks=torch.div(base.slot_mapping, block_size, rounding_mode="floor"),
-            write_offsets=base.slot_mapping % block_size,
+            write_blocks=write_blocks,
+            write_offsets=write_offsets,
+            write_rows=kv_rows(write_blocks, write_offsets, block_size),
             decode_pages=decode_pages,
+            decode_rows=decode_rows,
             decode_mask=decode_mask,
             prefills=prefills,
         )
@@ -114,7 +138,7 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchPagedAttention needs metadata from its own prepare()")
-        write_kv_cache(k, v, kv_cache, meta.write_blocks, meta.write_offsets)
+        write_kv_cache(k, v, kv_cache, meta.write_rows)
         num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
         gqa = num_q_heads != num_kv_heads
         out = torch.empty_like(q)  # [T, Hq, D]
@@ -155,10 +179,14 @@ class TorchPagedAttention:
         meta: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [Sd, Hq, D]
-        assert meta.decode_pages is not None
-        kv = kv_cache[meta.decode_pages]  # [Sd, P, 2, block_size, Hkv, D]
-        k = kv[:, :, 0].flatten(1, 2).transpose(1, 2).to(q.dtype)  # [Sd, Hkv, L, D]
-        v = kv[:, :, 1].flatten(1, 2).transpose(1, 2).to(q.dtype)
+        assert meta.decode_rows is not None and meta.decode_mask is not None
+        num_seqs, length = q.shape[0], meta.decode_mask.shape[-1]
+        flat = flat_rows(kv_cache)
+        shape = (num_seqs, length, *flat.shape[1:])  # [Sd, L, Hkv, D]
+        k = flat.index_select(0, meta.decode_rows[0]).view(shape)
+        v = flat.index_select(0, meta.decode_rows[1]).view(shape)
+        k = k.transpose(1, 2).to(q.dtype)  # [Sd, Hkv, L, D]
+        v = v.transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(
             q[:, :, None, :],  # [Sd, Hq, 1, D]
             k,

@@ -56,6 +56,11 @@ def test_torch_prepare_pads_the_decode_page_table_and_masks_past_each_context():
     assert plan.mask.tolist()[0] == [True] * 5 + [False]  # query at position 4 sees 0..4
     assert meta.write_blocks.tolist() == [2, 3, 0, 0]
     assert meta.write_offsets.tolist() == [0, 1, 0, 1]
+    # flat rows: K of (page b, offset o) is 2 * 4 * b + o, its V 4 rows later
+    assert meta.write_rows.tolist() == [[16, 25, 0, 1], [20, 29, 4, 5]]
+    assert meta.decode_rows is not None
+    k_rows = [56, 57, 58, 59, 16, 17, 18, 19, 24, 25, 26, 27, 0, 1, 2, 3]  # pages 7, 2 | 3, 0
+    assert meta.decode_rows.tolist() == [k_rows, [r + 4 for r in k_rows]]
 
 
 def test_a_block_table_too_short_for_the_context_is_refused():

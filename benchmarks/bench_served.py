@@ -1,0 +1,244 @@
+"""Served decode throughput: one EPD instance through its OpenAI endpoint vs ``generate``.
+
+Output tokens/s of ``/v1/completions`` (token-id prompts, greedy, ``ignore_eos``, a fixed
+``max_tokens``; every request of a batch sent at once, wall time from the first send to the
+last answer) next to ``transformers`` ``generate`` on the same checkpoint, prompts, batch,
+token count and torch thread count, in this process. Both figures include the prefill.
+With ``--before-ref`` a second instance runs an earlier commit's code (exported with ``git
+archive``, first on ``PYTHONPATH``) and the rounds alternate between the trees, so the
+after/before ratios see the same host load. Each round measures every side once per batch;
+the JSON keeps every round and per batch the median, min and max of each ratio. Greedy text
+is checked against ``generate``'s tokens decoded with the same tokenizer.
+
+    python benchmarks/bench_served.py --model models/tiny-llava --before-ref main \\
+        --out benchmarks/results/served-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Server:
+    """``epdctl serve`` of one tree in a child process (the newest tree when ``path`` is
+    None), sized so that the largest batch decodes in one step."""
+
+    def __init__(self, model: Path, threads: int, max_batch: int, path: Path | None) -> None:
+        self.port = free_port()
+        env = dict(os.environ)
+        if path is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(path / "engine"), env.get("PYTHONPATH", "")])
+        command = [sys.executable, "-m", "epd_engine", "serve", "--model", str(model)]
+        command += ["--port", str(self.port), "--log-level", "warning"]
+        command += ["--token-budget", str(max(8192, max_batch * 256))]
+        command += ["--max-num-running", str(max_batch), "--num-kv-blocks", str(max_batch * 24)]
+        if threads != 1:
+            raise ValueError("the instance runs with its default of one torch thread")
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def ready(self, client: Any) -> None:
+        for _ in range(3000):  # a loaded host takes minutes to import torch
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}")
+            try:
+                if (await client.get(f"{self.url}/health/ready")).status_code == 200:
+                    return
+            except Exception:
+                pass
+            await asyncio.sleep(0.1)
+        raise TimeoutError("server did not become ready")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+async def served_run(
+    client: Any, url: str, prompts: list[list[int]], max_tokens: int
+) -> tuple[float, list[str]]:
+    """Seconds for the whole batch, and each request's text."""
+
+    async def one(prompt: list[int]) -> tuple[int, str]:
+        body = {"model": "tiny-llava", "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        answer = (await client.post(f"{url}/v1/completions", json=body)).json()
+        return answer["usage"]["completion_tokens"], answer["choices"][0]["text"]
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    seconds = time.perf_counter() - start
+    if any(count != max_tokens for count, _ in results):
+        raise RuntimeError("a request returned fewer tokens than asked")
+    return seconds, [text for _, text in results]
+
+
+def hf_run(
+    hf: Any, prompts: list[list[int]], max_tokens: int, pad_id: int | None
+) -> tuple[float, Any]:
+    import torch
+
+    input_ids = torch.tensor(prompts, dtype=torch.long)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        out = hf.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                          do_sample=False, max_new_tokens=max_tokens,
+                          min_new_tokens=max_tokens, pad_token_id=pad_id)  # fmt: skip
+        seconds = time.perf_counter() - start
+    return seconds, out[:, input_ids.shape[1] :].tolist()
+
+
+def export_tree(ref: str, into: Path) -> str:
+    commit = subprocess.check_output(["git", "rev-parse", ref], cwd=ROOT, text=True).strip()
+    archive = subprocess.run(["git", "archive", commit, "engine"], cwd=ROOT, check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
+    import httpx
+    import torch
+    from transformers import AutoTokenizer, LlavaForConditionalGeneration
+
+    from epd_engine.model.model_config import LlavaModelConfig
+
+    torch.set_num_threads(args.threads)
+    config = LlavaModelConfig.from_dir(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+    hf = LlavaForConditionalGeneration.from_pretrained(str(args.model), dtype=torch.float32)
+    hf = hf.eval()
+    rng = random.Random(args.seed)
+    high = min(config.image_token_index, config.vocab_size) - 1
+    batches = args.batches
+    prompts = {b: [[rng.randint(3, high) for _ in range(args.context)] for _ in range(b)]
+               for b in batches}  # fmt: skip
+    servers = {"after": Server(args.model, args.threads, max(batches), None)}
+    if before is not None:
+        servers["before"] = Server(args.model, args.threads, max(batches), before)
+    rounds: list[dict[str, Any]] = []
+    text_match: dict[str, dict[int, bool]] = {side: {} for side in servers}
+    # No kept-alive connections: uvicorn drops idle ones after 5 s (a generate round is
+    # longer), and a request sent on one as it closes fails with a ReadError.
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
+    try:
+        async with httpx.AsyncClient(timeout=600, limits=limits) as c:
+            for server in servers.values():
+                await server.ready(c)
+                await served_run(c, server.url, prompts[batches[0]][:2], 4)  # warm-up
+            hf_run(hf, prompts[batches[0]][:2], 4, config.pad_token_id)
+            for index in range(args.rounds):
+                sides = list(servers)
+                if index % 2:
+                    sides.reverse()  # neither tree always runs first
+                for batch in batches:
+                    row: dict[str, Any] = {"round": index, "batch": batch,
+                                           "load_average": os.getloadavg()[0]}  # fmt: skip
+                    tokens = batch * args.new_tokens
+                    seconds, reference = hf_run(hf, prompts[batch], args.new_tokens,
+                                                config.pad_token_id)  # fmt: skip
+                    row["hf_tokens_per_s"] = tokens / seconds
+                    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in reference]
+                    for side in sides:
+                        seconds, served = await served_run(
+                            c, servers[side].url, prompts[batch], args.new_tokens
+                        )
+                        row[f"{side}_tokens_per_s"] = tokens / seconds
+                        row[f"{side}_over_hf"] = (
+                            row[f"{side}_tokens_per_s"] / row["hf_tokens_per_s"]
+                        )
+                        same = served == texts
+                        text_match[side][batch] = text_match[side].get(batch, True) and same
+                    if before is not None:
+                        row["after_over_before"] = (
+                            row["after_tokens_per_s"] / row["before_tokens_per_s"]
+                        )
+                    rounds.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    summary: dict[str, Any] = {}
+    for batch in batches:
+        rows = [r for r in rounds if r["batch"] == batch]
+        entry: dict[str, Any] = {}
+        for key in rows[0]:
+            if key.endswith(("_per_s", "_over_hf", "_over_before")):
+                entry[key] = spread([r[key] for r in rows])
+        for side in servers:
+            entry[f"{side}_greedy_text_matches_hf"] = text_match[side][batch]
+        summary[str(batch)] = entry
+    return {"rounds": rounds, "summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--context", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--new-tokens", type=int, default=32, help="max_tokens per request")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--before-ref", help="an earlier commit to A/B against")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not (args.model / "config.json").is_file():
+        parser.error(f"{args.model}: no config.json (epdctl make-model --preset tiny-llava)")
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        before_commit = export_tree(args.before_ref, Path(tmp)) if args.before_ref else None
+        result = asyncio.run(bench(args, Path(tmp) if args.before_ref else None))
+    after_commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True)
+    import torch
+    import transformers
+
+    report = {
+        "benchmark": "served-cpu",
+        "command": " ".join(["python", "benchmarks/bench_served.py", *sys.argv[1:]]),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "trees": {"after": after_commit.strip() + " (+ working tree)", "before": before_commit},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": {"cpu_count": os.cpu_count(), "load_average_start": load_start,
+                    "load_average_end": os.getloadavg(), "platform": platform.platform()},
+        "software": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "method": __doc__,
+        **result,
+    }  # fmt: skip
+    text = json.dumps(report, indent=2) + "\n"
+    print(json.dumps(report["summary"], indent=1))
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
