@@ -71,6 +71,22 @@ def check_ranges(body: ChatCompletionRequest | CompletionRequest) -> None:
     bias = _param(body, "logit_bias")
     if bias:
         _check_logit_bias(bias)
+    check_sampling_supported(body)
+
+
+def check_sampling_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """Penalties and logit biases in range but not implemented: a 400 naming them (they
+    were accepted and silently ignored); their neutral values pass, as clients send them."""
+    for name in PENALTY_RANGES:
+        if _param(body, name):
+            raise ClientError(
+                f"{name} is not supported; only 0 (no penalty) is accepted", param=name
+            )
+    if _param(body, "logit_bias"):
+        raise ClientError(
+            "logit_bias is not supported; send an empty object or leave it out",
+            param="logit_bias",
+        )
 
 
 def _check_logit_bias(bias: object) -> None:

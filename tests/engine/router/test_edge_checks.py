@@ -28,6 +28,10 @@ def chat(**overrides: object) -> bytes:
         (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
         (chat(response_format={"type": "json_schema", "json_schema": {}}), "response_format"),
         (chat(messages=[{"role": "user", "content": "\ud800"}]), "lone surrogate"),
+        # in range but not implemented: they were accepted and silently ignored
+        (chat(frequency_penalty=0.5), "frequency_penalty is not supported"),
+        (chat(presence_penalty=-1), "presence_penalty is not supported"),
+        (chat(logit_bias={"5": 10}), "logit_bias is not supported"),
     ],
 )
 async def test_router_refuses_bad_requests_with_400(body: bytes, needle: str) -> None:

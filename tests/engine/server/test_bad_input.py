@@ -156,6 +156,8 @@ def images(*pngs: bytes) -> list[dict[str, object]]:
         (chat(presence_penalty="a lot"), 400, "presence_penalty"),
         (chat(logit_bias={"5": 1000}), 400, "logit_bias"),
         (chat(logit_bias={"the": 1}), 400, "logit_bias"),
+        (chat(frequency_penalty=1.5), 400, "frequency_penalty is not supported"),
+        (chat(logit_bias={"5": -100}), 400, "logit_bias is not supported"),
         (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
         (chat(tool_choice="required"), 400, "tool_choice"),
         (chat(response_format={"type": "json_object"}), 400, "response_format"),
@@ -189,6 +191,13 @@ def test_hostile_input_gets_clear_4xx(
     instance_url: str, body: dict[str, object], status: int, needle: str
 ) -> None:
     assert_openai_error(post(instance_url, body), status, needle)
+
+
+def test_neutral_penalties_and_an_empty_logit_bias_are_accepted(instance_url: str) -> None:
+    """Clients send these by default; only values that would change the answer are refused."""
+    body = chat(frequency_penalty=0, presence_penalty=0.0, logit_bias={})
+    response = post(instance_url, body)
+    assert response.status_code == 200, response.text
 
 
 def test_logprobs_is_not_refused_as_unsupported(instance_url: str) -> None:
