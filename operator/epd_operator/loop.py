@@ -460,6 +460,7 @@ class Proposal:
 
     plan: Plan
     current_goodput_rps: float | None = None
+    num_simulations: int | None = None  # the search's work (None: no search ran)
 
 
 # Makes a plan from the spec, the live workload and the current plan (None: the first plan);

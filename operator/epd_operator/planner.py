@@ -24,9 +24,9 @@ from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
 from epd_engine.profiler.candidates import ALL_METHODS, Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
-from epd_engine.profiler.evaluate import Evaluator
+from epd_engine.profiler.evaluate import Evaluation, Evaluator
 from epd_engine.profiler.reference import reference_cost_model
-from epd_engine.profiler.search import search_plans, to_plan
+from epd_engine.profiler.search import Hint, search_plans, to_plan
 from epd_engine.trace import TraceRecord, sort_by_arrival
 from epd_operator.loop import (
     Planner,
@@ -156,7 +156,7 @@ def profiler_proposal(
     methods = methods_for(sample)
     evaluator, result, _ = search_plans(
         sample, cost, slo, num_instances, methods=methods, with_heuristic=False,
-        show_progress=False,
+        show_progress=False, hint=previous_hint(current, num_instances, methods),
     )  # fmt: skip
     at = f"TTFT<={slo.ttft_s:g}s, TPOT<={slo.tpot_s:g}s"
     if result.best is None:
@@ -179,13 +179,41 @@ def profiler_proposal(
     plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
     current_rps = None
     if current is not None and current.num_instances == num_instances:
-        current_rps = simulated_goodput(evaluator, current)
-    return Proposal(plan, current_rps)
+        current_rps = searched_goodput(result.evaluations, candidate_of(current))
+        if current_rps is None:  # the search did not need its exact goodput
+            current_rps = simulated_goodput(evaluator, current)
+    return Proposal(plan, current_rps, result.num_simulations)
+
+
+def candidate_of(plan: Plan) -> Candidate:
+    return Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles))
+
+
+def previous_hint(
+    current: Plan | None, num_instances: int, methods: Sequence[Method]
+) -> Hint | None:
+    """The current plan, searched first from the goodput predicted for it: a re-plan on a
+    window that has not moved settles in a few simulations. Speed only: the search finds the
+    same plan without it."""
+    if current is None or current.predicted is None or current.predicted.goodput_rps <= 0:
+        return None
+    if current.num_instances != num_instances or current.method not in methods:
+        return None
+    return Hint(candidate_of(current), current.predicted.goodput_rps)
+
+
+def searched_goodput(evaluations: Sequence[Evaluation], candidate: Candidate) -> float | None:
+    """``candidate``'s goodput if the search settled it exactly (on the same rate grid as the
+    plan it chose, so the two compare like for like); the hinted current plan always is."""
+    for evaluation in evaluations:
+        if evaluation.candidate == candidate and evaluation.status == "searched":
+            return evaluation.goodput_rps
+    return None
 
 
 def simulated_goodput(evaluator: Evaluator, plan: Plan) -> float:
     """``plan``'s goodput on the evaluator's trace (0 when it meets the SLOs at no rate)."""
-    candidate = Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles))
+    candidate = candidate_of(plan)
     bound = evaluator.bound(candidate)
     if bound <= 0:
         return 0.0
@@ -211,7 +239,8 @@ def _plan_in_child(
         got = profiler_proposal(
             spec, records, cost, cost_label, len(records), num_in_window, current
         )
-        conn.send((True, (got.plan.model_dump_json(), got.current_goodput_rps)))
+        reply = (got.plan.model_dump_json(), got.current_goodput_rps, got.num_simulations)
+        conn.send((True, reply))
     except PlanningError as exc:
         conn.send((False, str(exc)))
     except Exception as exc:  # a bug: reported, and the parent falls back to the heuristic
@@ -262,8 +291,8 @@ def bounded_profiler_plan(
         receive.close()
     if not ok:
         raise PlanningError(payload)
-    plan_json, current_rps = payload
-    return Proposal(Plan.model_validate_json(plan_json), current_rps)
+    plan_json, current_rps, num_simulations = payload
+    return Proposal(Plan.model_validate_json(plan_json), current_rps, num_simulations)
 
 
 def auto_planner(

@@ -24,6 +24,7 @@ from epd_operator.planner import (
     bounded_profiler_plan,
     cost_model_from_json,
     profiler_plan,
+    profiler_proposal,
     subsample,
     workload_stats,
 )
@@ -241,3 +242,20 @@ def test_auto_planner_keeps_the_plan_until_a_replan_is_due() -> None:
     stats = WorkloadStats(150, 1.0)
     kept, ran = plan_and_ran(choose_plan(spec, current, stats, None, 10, auto_planner(records)))
     assert not ran and kept == current.to_plan()
+
+
+def test_a_replan_on_an_unchanged_window_starts_from_the_current_plan() -> None:
+    """Defect: every re-plan searched from scratch, though the window slides a little each
+    interval and the answer rarely moves. The current plan is now searched first from its
+    predicted goodput (a ``Hint``): same plan, fewer simulations."""
+    spec = auto_spec(slo={"ttftMilliseconds": 250, "tpotMilliseconds": 80})
+    cost = reference_cost_model()
+    window = trace(IMAGE_HEAVY, num=400)
+    first = profiler_proposal(spec, window, cost)
+    again = profiler_proposal(spec, window, cost, current=first.plan)
+    assert again.plan.describe() == first.plan.describe()
+    assert first.num_simulations is not None and again.num_simulations is not None
+    assert again.num_simulations < first.num_simulations, (
+        first.num_simulations,
+        again.num_simulations,
+    )
