@@ -98,8 +98,8 @@ async def send_one(
         if turn.index > 0:  # the history's count depends on the replies
             expected_prompt_tokens = None
     try:
-        return await _send(client, config, record, payload, messages, scheduled, limit, t0,
-                            expected_prompt_tokens, reply)  # fmt: skip
+        return await _send(client, config, record, messages, scheduled, limit, t0,
+                           expected_prompt_tokens, reply)  # fmt: skip
     finally:
         if turn is not None:
             turn.finish(payload.messages, "".join(reply))
@@ -109,7 +109,6 @@ async def _send(
     client: Any,
     config: DriverConfig,
     record: TraceRecord,
-    payload: Payload,
     messages: list[dict[str, Any]],
     scheduled: float,
     limit: asyncio.Semaphore,

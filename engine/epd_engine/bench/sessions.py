@@ -10,7 +10,6 @@ which depends on the replies, so only a session's first turn is checked against 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,6 @@ class Turn:
     index: int  # 0 for the session's first turn
     previous: asyncio.Event | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    ended_at: float = 0.0  # perf_counter when this turn finished
 
     async def wait_previous(self) -> None:
         if self.previous is not None:
@@ -43,7 +41,6 @@ class Turn:
     def finish(self, user_messages: list[dict[str, Any]], reply: str) -> None:
         """Add this turn and the server's reply to the conversation; let the next go."""
         self.conversation.messages += [*user_messages, {"role": "assistant", "content": reply}]
-        self.ended_at = time.perf_counter()
         self.done.set()
 
 

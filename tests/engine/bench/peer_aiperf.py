@@ -52,3 +52,21 @@ def run_aiperf(
     records = [json.loads(line) for line in lines]
     measured = [r for r in records if r["metadata"].get("benchmark_phase") == "profiling"]
     return aggregate, measured
+
+
+def replay_with_aiperf(
+    binary: Path, url: str, tokenizer: Path, trace: Path, out: Path
+) -> list[dict[str, Any]]:
+    """AIPerf replays a Mooncake-style file on its timestamps (``--fixed-schedule``), with
+    no end-of-sequence so every row gets its ``output_length``; its per-request records."""
+    args = [
+        str(binary), "profile", "-m", "tiny-llava", "--url", url, "--endpoint-type", "chat",
+        "--streaming", "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace",
+        "--fixed-schedule", "--tokenizer", str(tokenizer), "--extra-inputs", "ignore_eos:true",
+        "--use-server-token-count", "--ui", "none", "--artifact-dir", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=400)
+    if done.returncode != 0:
+        raise AssertionError(f"aiperf failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    lines = (out / "profile_export.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

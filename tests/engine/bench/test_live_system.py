@@ -18,10 +18,16 @@ from epd_engine.bench.driver import DriverConfig, replay
 from epd_engine.bench.metrics import summarize
 from epd_engine.bench.payloads import prompt_text
 from epd_engine.bench.token_prompts import TokenExactPrompts
+from epd_engine.cli import main
 from epd_engine.config import Method, internal_token
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
-from epd_engine.trace import ImageRef, TraceRecord, parse_trace
-from tests.engine.bench.peer_aiperf import AIPERF_VERSION, aiperf_bin, run_aiperf
+from epd_engine.trace import ImageRef, TraceRecord, parse_trace, write_trace
+from tests.engine.bench.peer_aiperf import (
+    AIPERF_VERSION,
+    aiperf_bin,
+    replay_with_aiperf,
+    run_aiperf,
+)
 from tests.engine.disagg.systems import ENGINE_ARGS, plan_for
 
 pytestmark = pytest.mark.slow
@@ -286,3 +292,31 @@ def test_aiperf_runs_clean_and_agrees_with_the_routers_trace(
     our_itl = median(sum(r.tpot_s) / len(r.tpot_s) for r in traced if isinstance(r.tpot_s, tuple))
     assert abs(peer_ttft - our_ttft) <= 0.05 + 0.5 * our_ttft, (peer_ttft, our_ttft)
     assert abs(peer_itl - our_itl) <= 0.01 + 0.5 * our_itl, (peer_itl, our_itl)
+
+
+def test_aiperf_replays_our_exported_prompt_texts_token_exact(
+    system: System, tmp_path: Path
+) -> None:
+    """``epdctl trace convert --to mooncake --tokenizer``: AIPerf sends our prompts as they
+    are, so the router sees the trace's prompt and output tokens exactly."""
+    binary = aiperf_bin()
+    if binary is None:
+        pytest.skip(f"cannot install aiperf=={AIPERF_VERSION} (needs uv and PyPI)")
+    records = [
+        TraceRecord(request_id=f"peer-{i}", arrival_s=0.2 * i, prompt_tokens=n, output_tokens=4)
+        for i, n in enumerate((30, 45, 60, 75))
+    ]
+    ours = write_trace(records, tmp_path / "ours.jsonl")
+    texts = tmp_path / "texts.jsonl"
+    assert main(["trace", "convert", str(ours), "--to", "mooncake",
+                 "--tokenizer", str(system.model_dir), "-o", str(texts)]) == 0  # fmt: skip
+    clock = float(
+        httpx.get(f"{system.router}/v1/trace", headers=INTERNAL, timeout=10).headers[
+            "X-EPD-Trace-Clock-S"
+        ]
+    )
+    done = replay_with_aiperf(binary, system.router, system.model_dir, texts, tmp_path / "ap")
+    assert len(done) == 4 and not any(r.get("error") for r in done)
+    traced = router_trace(system, clock)
+    assert sorted(r.prompt_tokens for r in traced) == [30, 45, 60, 75]
+    assert [r.output_tokens for r in traced] == [4] * 4
