@@ -84,7 +84,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
             "bos_token": None,
             "unk_token": None,
             **specials,
-            "additional_special_tokens": ["<|im_start|>", "<|im_end|>", *SPECIAL_TOKENS[3:]],
+            "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
             "added_tokens_decoder": added,
             "model_max_length": preset.text_config["max_position_embeddings"],
             "padding_side": "left",

@@ -14,10 +14,16 @@ from epd_engine.model.make_specs import LOGIT_SCALE, TensorSpec, linear, norm
 # OpenAI CLIP statistics, as Qwen2-VL's image processor uses them.
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
-SPECIAL_TOKENS = (  # appended after the trained vocabulary, in Qwen2's order
+SPECIAL_TOKENS = (  # appended after the trained vocabulary, in Qwen2's order (and ids)
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
     "<|vision_start|>",
     "<|vision_end|>",
     "<|vision_pad|>",
@@ -167,7 +173,7 @@ TINY_QWEN2_VL = Qwen2VLPreset(
         "num_key_value_heads": 2,  # GQA
         "max_position_embeddings": 4096,
         "max_window_layers": 2,
-        "vocab_size": 1024,  # 1000 BPE + 8 special tokens, padded as the hub pads 151665
+        "vocab_size": 1024,  # 1000 BPE + 14 special tokens, padded as the hub pads them
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # head_dim 16
     },
     vision_config={**_VISION_COMMON, "depth": 2, "embed_dim": 32, "mlp_ratio": 2, "num_heads": 2},
