@@ -95,7 +95,7 @@ class ModelSource(_Model):
 
     pvc: PVCSource | None = None
     host_path: HostPathSource | None = None
-    preset: Literal["tiny-llava", "tiny-qwen2-vl"] | None = Field(
+    preset: Literal["tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl"] | None = Field(
         default=None, description="Random-weight checkpoint made at start-up (for trials)."
     )
 

@@ -1,5 +1,6 @@
-"""Qwen2-VL through the engine (scheduler, paged image cache, chunked prefill, batching):
-greedy tokens equal transformers' generate() for prompts whose images differ in size."""
+"""Qwen2-VL and Qwen2.5-VL through the engine (scheduler, paged image cache, chunked
+prefill, batching): greedy tokens equal transformers' generate() for images of different
+sizes."""
 
 from __future__ import annotations
 
@@ -42,15 +43,26 @@ def messages(text: str, num_images: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": content}]
 
 
-@pytest.fixture(scope="module")
-def expected(tiny_qwen2_vl_dir: Path) -> dict[str, list[int]]:
-    """transformers' greedy tokens for every case."""
-    from transformers import Qwen2VLForConditionalGeneration
+FAMILIES = {  # checkpoint fixture, transformers class
+    "qwen2-vl": ("tiny_qwen2_vl_dir", "Qwen2VLForConditionalGeneration"),
+    "qwen2.5-vl": ("tiny_qwen2_5_vl_dir", "Qwen2_5_VLForConditionalGeneration"),
+}
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(
-        tiny_qwen2_vl_dir, dtype=torch.float32
-    ).eval()
-    processor = load_qwen2_vl_processor(tiny_qwen2_vl_dir)
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[Path, str]:
+    fixture, hf_class = FAMILIES[request.param]
+    return Path(request.getfixturevalue(fixture)), hf_class
+
+
+@pytest.fixture(scope="module")
+def expected(family: tuple[Path, str]) -> dict[str, list[int]]:
+    """transformers' greedy tokens for every case."""
+    import transformers
+
+    model_dir, hf_class = family
+    model = getattr(transformers, hf_class).from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = load_qwen2_vl_processor(model_dir)
     out = {}
     for name, (text, sizes) in CASES.items():
         prompt = processor.apply_chat_template(
@@ -91,8 +103,8 @@ def run_engine(model_dir: Path, token_budget: int) -> tuple[dict[str, list[int]]
 
 
 @pytest.mark.parametrize("token_budget", [512, 24])  # one prefill each; chunks cut images
-def test_engine_tokens_match_transformers(tiny_qwen2_vl_dir, expected, token_budget):
-    tokens, prompts = run_engine(tiny_qwen2_vl_dir, token_budget)
+def test_engine_tokens_match_transformers(family, expected, token_budget):
+    tokens, prompts = run_engine(family[0], token_budget)
     assert [len(p.images) for p in prompts.values()] == [0, 1, 2, 1]
     assert [i.num_tokens for i in prompts["two-sizes"].images] == [4, 6]
     assert prompts["large"].images[0].num_tokens == 77

@@ -8,7 +8,14 @@ from pathlib import Path
 from epd_engine.cli import UserError
 
 # Mirrors epd_engine.model.make_model.ALL_PRESETS (no torch here); a test keeps them equal.
-PRESET_NAMES = ("tiny-llava", "llava-1.5-7b", "tiny-qwen2-vl", "qwen2-vl-7b")
+PRESET_NAMES = (
+    "tiny-llava",
+    "llava-1.5-7b",
+    "tiny-qwen2-vl",
+    "qwen2-vl-7b",
+    "tiny-qwen2.5-vl",
+    "qwen2.5-vl-7b",
+)
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -18,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write a random-weight checkpoint (config, safetensors, tokenizer, processor)",
         description=(
             "Write a random-weight checkpoint in hub layout (LLaVA-1.5: llava-hf/llava-1.5-7b-hf; "
-            "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct), loadable by the engine and by transformers. "
+            "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct; Qwen2.5-VL: Qwen/Qwen2.5-VL-7B-Instruct), "
+            "loadable by the engine and by transformers. "
             "No download."
         ),
     )

@@ -6,8 +6,8 @@ multimodal RoPE) over a flat ragged batch with the paged KV cache of ``LlavaLang
 Parameter names mirror the hub checkpoint (``visual.*``, ``model.*``) minus prefixes, with
 our fused ``qkv_proj`` / ``gate_up_proj`` in the decoder.
 
-Pieces a Qwen2.5-VL port swaps: ``VisionBlock`` (RMSNorm + SwiGLU there), the attention
-spans of ``Qwen2VLVision.forward`` (windows there), ``PatchMerger`` (RMSNorm there).
+Qwen2.5-VL (``vision.windowed``) shares it all but the ViT's details: RMSNorm and SwiGLU
+blocks, an RMSNorm merger, and window attention (``window_order``) in all blocks but a few.
 """
 
 from __future__ import annotations
@@ -86,16 +86,39 @@ class VisionMlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class VisionSwiGLU(nn.Module):
+    """Qwen2.5-VL's vision MLP: ``down(silu(gate(x)) * up(x))``, all with biases."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden_dim)
+        self.up_proj = nn.Linear(dim, hidden_dim)
+        self.down_proj = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _vision_norm(config: Qwen2VLModelConfig) -> nn.Module:
+    """LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL), eps 1e-6 as transformers hard-codes."""
+    dim = config.vision.embed_dim
+    return RMSNorm(dim, 1e-6) if config.vision.windowed else nn.LayerNorm(dim, eps=1e-6)
+
+
 class VisionBlock(nn.Module):
-    """Pre-LN block (LayerNorm eps 1e-6, as transformers hard-codes)."""
+    """Pre-norm block: Qwen2-VL LayerNorm + GELU MLP; Qwen2.5-VL RMSNorm + SwiGLU."""
 
     def __init__(self, config: Qwen2VLModelConfig) -> None:
         super().__init__()
         vc = config.vision
-        self.norm1 = nn.LayerNorm(vc.embed_dim, eps=1e-6)
-        self.norm2 = nn.LayerNorm(vc.embed_dim, eps=1e-6)
+        self.norm1 = _vision_norm(config)
+        self.norm2 = _vision_norm(config)
         self.attn = VisionAttention(vc.embed_dim, vc.num_heads)
-        self.mlp = VisionMlp(vc.embed_dim, vc.mlp_hidden_dim, vc.hidden_act)
+        self.mlp: nn.Module = (
+            VisionSwiGLU(vc.embed_dim, vc.mlp_hidden_dim)
+            if vc.windowed
+            else VisionMlp(vc.embed_dim, vc.mlp_hidden_dim, vc.hidden_act)
+        )
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: Sequence[int]
@@ -111,7 +134,7 @@ class PatchMerger(nn.Module):
         super().__init__()
         vc = config.vision
         self.hidden = vc.embed_dim * vc.spatial_merge_size**2
-        self.ln_q = nn.LayerNorm(vc.embed_dim, eps=1e-6)
+        self.ln_q = _vision_norm(config)
         # nn.Sequential with indices 0 and 2, as the hub names them (mlp.0, mlp.2).
         out = vc.out_hidden_size
         self.mlp = nn.Sequential(
@@ -132,6 +155,32 @@ def vision_rotary_positions(grids: Sequence[Grid], merge: int) -> torch.Tensor:
         grouped = pair.reshape(h // merge, merge, w // merge, merge, 2).permute(0, 2, 1, 3, 4)
         rows.append(grouped.reshape(-1, 2).repeat(t, 1))
     return torch.cat(rows)
+
+
+def _regroup(x: torch.Tensor, order: torch.Tensor, unit: int) -> torch.Tensor:
+    """Rows of ``x`` ``[P, ...]`` in merge groups of ``unit``, groups taken in ``order``."""
+    return x.view(x.shape[0] // unit, unit, -1)[order].flatten(0, 1)
+
+
+def window_order(grids: Sequence[Grid], window: int, merge: int) -> tuple[torch.Tensor, list[int]]:
+    """Qwen2.5-VL's windows (transformers' ``get_window_index``): the merge groups of every
+    frame, window after window (``window`` x ``window`` groups, the last ones cut at the
+    edge), and each window's length in patches. Returns ``(group order, window spans)``."""
+    order, spans = [], []
+    first = 0
+    for t, h, w in grids:
+        gh, gw = h // merge, w // merge
+        for frame in range(t):
+            base = first + frame * gh * gw
+            for top in range(0, gh, window):
+                for left in range(0, gw, window):
+                    rows = torch.arange(top, min(top + window, gh))
+                    cols = torch.arange(left, min(left + window, gw))
+                    groups = (rows[:, None] * gw + cols[None, :]).flatten() + base
+                    order.append(groups)
+                    spans.append(groups.numel() * merge * merge)
+        first += t * gh * gw
+    return torch.cat(order), spans
 
 
 class Qwen2VLVision(nn.Module):
@@ -184,9 +233,22 @@ class Qwen2VLVision(nn.Module):
         hidden = self.patch_embed(patches.to(weight.device))
         cos, sin = self.rotary(grids, weight.device)
         spans = [h * w for t, h, w in grids for _ in range(t)]  # one span per frame
-        for block in self.blocks:
-            hidden = block(hidden, cos, sin, spans)
-        return self.merger(hidden)
+        vc = self.config.vision
+        if not vc.windowed:
+            for block in self.blocks:
+                hidden = block(hidden, cos, sin, spans)
+            return self.merger(hidden)
+        # Qwen2.5-VL: reorder merge groups window by window; full-attention blocks still
+        # see whole frames (the order within a frame does not matter to them).
+        merge = vc.spatial_merge_size
+        window = vc.window_size // merge // vc.patch_size  # in merge groups
+        order, window_spans = window_order(grids, window, merge)
+        order = order.to(hidden.device)
+        unit = self.config.merge_unit
+        hidden, cos, sin = (_regroup(x, order, unit) for x in (hidden, cos, sin))
+        for index, block in enumerate(self.blocks):
+            hidden = block(hidden, cos, sin, spans if index in vc.fullatt_blocks else window_spans)
+        return self.merger(hidden)[torch.argsort(order)]
 
 
 class Qwen2Attention(nn.Module):

@@ -44,9 +44,30 @@ _VISION_DEFAULTS: dict[str, Any] = {
 }
 
 
+_VISION_25_DEFAULTS: dict[str, Any] = {  # Qwen2.5-VL: hidden_size is the ViT width there
+    "depth": 32,
+    "hidden_size": 1280,
+    "out_hidden_size": 3584,
+    "hidden_act": "silu",
+    "intermediate_size": 3420,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+}
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
 @dataclass(frozen=True)
 class Qwen2VisionConfig:
-    """The variable-resolution ViT: patch embed, ``depth`` blocks with 2-D rotary, merger."""
+    """The variable-resolution ViT: patch embed, ``depth`` blocks with 2-D rotary, merger.
+
+    Qwen2.5-VL (``windowed``): RMSNorm and SwiGLU (with biases) blocks; all blocks but
+    ``fullatt_blocks`` attend within windows of ``window_size`` pixels.
+    """
 
     depth: int
     embed_dim: int
@@ -58,6 +79,9 @@ class Qwen2VisionConfig:
     patch_size: int
     spatial_merge_size: int
     temporal_patch_size: int
+    windowed: bool = False
+    window_size: int = 0  # pixels
+    fullatt_blocks: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -127,9 +151,10 @@ class Qwen2VLModelConfig:
         generation: dict[str, Any] | None = None,
         source: str = "config.json",
     ) -> Qwen2VLModelConfig:
-        if raw.get("model_type") != "qwen2_vl":
+        model_type = raw.get("model_type")
+        if model_type not in MODEL_TYPES:
             raise ModelFormatError(
-                f"{source}: model_type is {raw.get('model_type')!r}, expected 'qwen2_vl'"
+                f"{source}: model_type is {model_type!r}, expected one of {', '.join(MODEL_TYPES)}"
             )
         text = {**_TEXT_DEFAULTS, **raw, **(raw.get("text_config") or {})}
         if text.get("use_sliding_window"):
@@ -147,7 +172,11 @@ class Qwen2VLModelConfig:
                 f"{source}: rope_scaling.mrope_section must be three ints summing to "
                 f"head_dim / 2 = {head_dim // 2}, got {section!r}"
             )
-        vision = _parse_vision({**_VISION_DEFAULTS, **(raw.get("vision_config") or {})}, source)
+        given_vision = raw.get("vision_config") or {}
+        if model_type == "qwen2_5_vl":
+            vision = _parse_vision_25({**_VISION_25_DEFAULTS, **given_vision}, source)
+        else:
+            vision = _parse_vision({**_VISION_DEFAULTS, **given_vision}, source)
         if vision.out_hidden_size != hidden:
             raise ModelFormatError(
                 f"{source}: vision_config.hidden_size {vision.out_hidden_size} "
@@ -196,4 +225,30 @@ def _parse_vision(vision: dict[str, Any], source: str) -> Qwen2VisionConfig:
         patch_size=int(vision["patch_size"]),
         spatial_merge_size=int(vision["spatial_merge_size"]),
         temporal_patch_size=int(vision["temporal_patch_size"]),
+    )
+
+
+def _parse_vision_25(vision: dict[str, Any], source: str) -> Qwen2VisionConfig:
+    if vision["hidden_act"] != "silu":
+        raise ModelFormatError(f"{source}: vision hidden_act {vision['hidden_act']!r} unsupported")
+    embed_dim, num_heads = int(vision["hidden_size"]), int(vision["num_heads"])
+    if embed_dim % num_heads or (embed_dim // num_heads) % 4:
+        raise ModelFormatError(f"{source}: vision head_dim must be a multiple of 4")
+    unit = int(vision["spatial_merge_size"]) * int(vision["patch_size"])
+    if int(vision["window_size"]) % unit:
+        raise ModelFormatError(f"{source}: window_size must be a multiple of {unit}")
+    return Qwen2VisionConfig(
+        depth=int(vision["depth"]),
+        embed_dim=embed_dim,
+        out_hidden_size=int(vision["out_hidden_size"]),
+        hidden_act="silu",
+        mlp_hidden_dim=int(vision["intermediate_size"]),
+        num_heads=num_heads,
+        in_channels=int(vision.get("in_channels", vision.get("in_chans", 3))),
+        patch_size=int(vision["patch_size"]),
+        spatial_merge_size=int(vision["spatial_merge_size"]),
+        temporal_patch_size=int(vision["temporal_patch_size"]),
+        windowed=True,
+        window_size=int(vision["window_size"]),
+        fullatt_blocks=tuple(int(i) for i in vision["fullatt_block_indexes"]),
     )

@@ -84,7 +84,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
             "bos_token": None,
             "unk_token": None,
             **specials,
-            "additional_special_tokens": ["<|im_start|>", "<|im_end|>", *SPECIAL_TOKENS[3:]],
+            "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
             "added_tokens_decoder": added,
             "model_max_length": preset.text_config["max_position_embeddings"],
             "padding_side": "left",
@@ -92,7 +92,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
             "clean_up_tokenization_spaces": False,
             "errors": "replace",
             "chat_template": CHAT_TEMPLATE,
-            "processor_class": "Qwen2VLProcessor",
+            "processor_class": preset.processor_class,
         },
     )
     _write_json(out_dir / "special_tokens_map.json", specials)
@@ -102,7 +102,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
         out_dir / "preprocessor_config.json",
         {
             "image_processor_type": "Qwen2VLImageProcessor",
-            "processor_class": "Qwen2VLProcessor",
+            "processor_class": preset.processor_class,
             "min_pixels": preset.min_pixels,
             "max_pixels": preset.max_pixels,
             "size": {"shortest_edge": preset.min_pixels, "longest_edge": preset.max_pixels},

@@ -14,10 +14,16 @@ from epd_engine.model.make_specs import LOGIT_SCALE, TensorSpec, linear, norm
 # OpenAI CLIP statistics, as Qwen2-VL's image processor uses them.
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
-SPECIAL_TOKENS = (  # appended after the trained vocabulary, in Qwen2's order
+SPECIAL_TOKENS = (  # appended after the trained vocabulary, in Qwen2's order (and ids)
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
     "<|vision_start|>",
     "<|vision_end|>",
     "<|vision_pad|>",
@@ -35,6 +41,21 @@ class Qwen2VLPreset:
     min_pixels: int
     max_pixels: int
     default_dtype: str
+    model_type: str = "qwen2_vl"  # or "qwen2_5_vl"
+
+    @property
+    def windowed(self) -> bool:
+        return self.model_type == "qwen2_5_vl"
+
+    @property
+    def architecture(self) -> str:
+        if self.windowed:
+            return "Qwen2_5_VLForConditionalGeneration"
+        return "Qwen2VLForConditionalGeneration"
+
+    @property
+    def processor_class(self) -> str:
+        return "Qwen2_5_VLProcessor" if self.windowed else "Qwen2VLProcessor"
 
     def token_id(self, token: str) -> int:
         return self.base_vocab_size + SPECIAL_TOKENS.index(token)
@@ -45,8 +66,8 @@ class Qwen2VLPreset:
 
     def hf_config(self, dtype: str) -> dict[str, Any]:
         return {
-            "architectures": ["Qwen2VLForConditionalGeneration"],
-            "model_type": "qwen2_vl",
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
             "torch_dtype": dtype,
             **self.text_config,
             "bos_token_id": self.token_id("<|endoftext|>"),
@@ -56,15 +77,27 @@ class Qwen2VLPreset:
             "vision_token_id": self.token_id("<|vision_pad|>"),
             "image_token_id": self.image_token_index,
             "video_token_id": self.token_id("<|video_pad|>"),
-            "vision_config": {**self.vision_config, "hidden_size": self.text_config["hidden_size"]},
+            "vision_config": self._vision_config(),
         }
+
+    def _vision_config(self) -> dict[str, Any]:
+        width = self.text_config["hidden_size"]
+        if self.windowed:  # hidden_size is the ViT's own width there
+            return {**self.vision_config, "out_hidden_size": width}
+        return {**self.vision_config, "hidden_size": width}
+
+    @property
+    def vision_width(self) -> int:
+        key = "hidden_size" if self.windowed else "embed_dim"
+        return int(self.vision_config[key])
 
 
 def tensor_specs(preset: Qwen2VLPreset) -> list[TensorSpec]:
     """Every tensor of the hub checkpoint, in hub naming and a stable order."""
     vc, tc = preset.vision_config, preset.text_config
-    e, p, t, c = vc["embed_dim"], vc["patch_size"], vc["temporal_patch_size"], vc["in_chans"]
-    mlp_dim = int(e * vc["mlp_ratio"])
+    e, p, t, c = preset.vision_width, vc["patch_size"], vc["temporal_patch_size"], vc["in_chans"]
+    windowed = preset.windowed
+    mlp_dim = int(vc["intermediate_size"]) if windowed else int(e * vc["mlp_ratio"])
     merged = e * vc["spatial_merge_size"] ** 2
     h, inter = tc["hidden_size"], tc["intermediate_size"]
     specs = [
@@ -74,13 +107,18 @@ def tensor_specs(preset: Qwen2VLPreset) -> list[TensorSpec]:
     ]
     for i in range(vc["depth"]):
         base = f"visual.blocks.{i}"
-        specs += norm(f"{base}.norm1", e, bias=True)
-        specs += norm(f"{base}.norm2", e, bias=True)
+        specs += norm(f"{base}.norm1", e, bias=not windowed)  # RMSNorm has no bias
+        specs += norm(f"{base}.norm2", e, bias=not windowed)
         specs += linear(f"{base}.attn.qkv", 3 * e, e, bias=True)
         specs += linear(f"{base}.attn.proj", e, e, bias=True)
-        specs += linear(f"{base}.mlp.fc1", mlp_dim, e, bias=True)
-        specs += linear(f"{base}.mlp.fc2", e, mlp_dim, bias=True)
-    specs += norm("visual.merger.ln_q", e, bias=True)
+        if windowed:
+            specs += linear(f"{base}.mlp.gate_proj", mlp_dim, e, bias=True)
+            specs += linear(f"{base}.mlp.up_proj", mlp_dim, e, bias=True)
+            specs += linear(f"{base}.mlp.down_proj", e, mlp_dim, bias=True)
+        else:
+            specs += linear(f"{base}.mlp.fc1", mlp_dim, e, bias=True)
+            specs += linear(f"{base}.mlp.fc2", e, mlp_dim, bias=True)
+    specs += norm("visual.merger.ln_q", e, bias=not windowed)
     specs += linear("visual.merger.mlp.0", merged, merged, bias=True)
     specs += linear("visual.merger.mlp.2", h, merged, bias=True)
 
@@ -135,7 +173,7 @@ TINY_QWEN2_VL = Qwen2VLPreset(
         "num_key_value_heads": 2,  # GQA
         "max_position_embeddings": 4096,
         "max_window_layers": 2,
-        "vocab_size": 1024,  # 1000 BPE + 8 special tokens, padded as the hub pads 151665
+        "vocab_size": 1024,  # 1000 BPE + 14 special tokens, padded as the hub pads them
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # head_dim 16
     },
     vision_config={**_VISION_COMMON, "depth": 2, "embed_dim": 32, "mlp_ratio": 2, "num_heads": 2},
@@ -172,4 +210,55 @@ QWEN2_VL_7B = Qwen2VLPreset(
     default_dtype="bfloat16",
 )
 
-QWEN2_VL_PRESETS: dict[str, Qwen2VLPreset] = {p.name: p for p in (TINY_QWEN2_VL, QWEN2_VL_7B)}
+_VISION_25: dict[str, Any] = {
+    **_VISION_COMMON,
+    "hidden_act": "silu",
+    "window_size": 112,  # 8 x 8 patches = 4 x 4 merged tokens per window
+    "tokens_per_second": 2,
+}
+
+TINY_QWEN2_5_VL = Qwen2VLPreset(
+    name="tiny-qwen2.5-vl",
+    text_config={
+        **TINY_QWEN2_VL.text_config,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    },
+    vision_config={
+        **_VISION_25,
+        "depth": 4,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "fullatt_block_indexes": [1, 3],
+    },
+    base_vocab_size=1000,
+    min_pixels=56 * 56,
+    max_pixels=448 * 448,
+    default_dtype="float32",
+    model_type="qwen2_5_vl",
+)
+
+QWEN2_5_VL_7B = Qwen2VLPreset(
+    name="qwen2.5-vl-7b",
+    text_config={
+        **QWEN2_VL_7B.text_config,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    },
+    vision_config={
+        **_VISION_25,
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "fullatt_block_indexes": [7, 15, 23, 31],
+    },
+    base_vocab_size=151643,
+    min_pixels=56 * 56,
+    max_pixels=28 * 28 * 1280,
+    default_dtype="bfloat16",
+    model_type="qwen2_5_vl",
+)
+
+QWEN2_VL_PRESETS: dict[str, Qwen2VLPreset] = {
+    p.name: p for p in (TINY_QWEN2_VL, QWEN2_VL_7B, TINY_QWEN2_5_VL, QWEN2_5_VL_7B)
+}

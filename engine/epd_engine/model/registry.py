@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -253,7 +253,16 @@ QWEN2_VL = ModelFamily(
     presets=("tiny-qwen2-vl", "qwen2-vl-7b"),
 )
 
-FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL)
+# Qwen2.5-VL: the same modules (windowed ViT blocks, from its config), layout and rules.
+QWEN2_5_VL = replace(
+    QWEN2_VL,
+    name="qwen2.5-vl",
+    architectures=("Qwen2_5_VLForConditionalGeneration",),
+    model_type="qwen2_5_vl",
+    presets=("tiny-qwen2.5-vl", "qwen2.5-vl-7b"),
+)
+
+FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL, QWEN2_5_VL)
 
 
 def _auto_processor(model_dir: Path) -> Any:

@@ -1,4 +1,5 @@
-"""Our Qwen2-VL vs transformers' Qwen2VLForConditionalGeneration on the tiny checkpoint."""
+"""Our Qwen2-VL / Qwen2.5-VL vs transformers' ``Qwen2VLForConditionalGeneration`` /
+``Qwen2_5_VLForConditionalGeneration`` on the tiny checkpoints."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from epd_engine.model.generate_qwen2_vl import greedy_generate, prompt_inputs
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
 from epd_engine.model.qwen2_vl_processor import load_qwen2_vl_processor
-from epd_engine.model.registry import QWEN2_VL, family_of
+from epd_engine.model.registry import family_of
 from tests.engine.model.prompts import build_prompt, make_images
 
 # (text, image sizes): 90x60 -> 6 tokens, 64x64 -> 4, 300x200 -> 77 (several 16-token pages)
@@ -26,29 +27,44 @@ PROMPTS: dict[str, tuple[str, list[tuple[int, int]]]] = {
 }
 
 
-@pytest.fixture(scope="session")
-def qwen_dir(tiny_qwen2_vl_dir: Path) -> Path:
-    return tiny_qwen2_vl_dir
+FAMILIES = {  # family -> (checkpoint fixture, transformers class)
+    "qwen2-vl": ("tiny_qwen2_vl_dir", "Qwen2VLForConditionalGeneration"),
+    "qwen2.5-vl": ("tiny_qwen2_5_vl_dir", "Qwen2_5_VLForConditionalGeneration"),
+}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(request: pytest.FixtureRequest, family_name: str) -> Path:
+    return Path(request.getfixturevalue(FAMILIES[family_name][0]))
+
+
+def hf_class(family_name: str) -> Any:
+    import transformers
+
+    return getattr(transformers, FAMILIES[family_name][1])
+
+
+@pytest.fixture(scope="module")
 def qwen_processor(qwen_dir: Path) -> Any:
     return load_qwen2_vl_processor(qwen_dir)
 
 
-@pytest.fixture(scope="session")
-def hf_qwen(qwen_dir: Path) -> Any:
-    from transformers import Qwen2VLForConditionalGeneration
-
-    return Qwen2VLForConditionalGeneration.from_pretrained(qwen_dir, dtype=torch.float32).eval()
+@pytest.fixture(scope="module")
+def hf_qwen(qwen_dir: Path, family_name: str) -> Any:
+    return hf_class(family_name).from_pretrained(qwen_dir, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen_vision(qwen_dir: Path) -> Qwen2VLVision:
     return load_vision(qwen_dir, torch.float32, "cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen_language(qwen_dir: Path) -> Qwen2VLLanguage:
     return load_language(qwen_dir, torch.float32, "cpu")
 
@@ -69,18 +85,16 @@ def grids_of(inputs: dict[str, Any]) -> list[tuple[int, int, int]]:
     return [] if grid is None else [tuple(int(v) for v in row) for row in grid]  # type: ignore[misc]
 
 
-def test_the_checkpoint_is_qwen2_vl_and_transformers_loads_every_tensor(qwen_dir):
-    from transformers import Qwen2VLForConditionalGeneration
-
-    assert family_of(qwen_dir) is QWEN2_VL
-    _, info = Qwen2VLForConditionalGeneration.from_pretrained(
+def test_the_family_is_found_and_transformers_loads_every_tensor(qwen_dir, family_name):
+    assert family_of(qwen_dir).name == family_name
+    _, info = hf_class(family_name).from_pretrained(
         qwen_dir, dtype=torch.float32, output_loading_info=True
     )
     assert not any(info.values()), info
 
 
 def test_image_token_counts_follow_the_resolution(qwen_dir, qwen_processor, qwen_language):
-    rule = QWEN2_VL.image_tokens(qwen_dir, qwen_language.config)
+    rule = family_of(qwen_dir).image_tokens(qwen_dir, qwen_language.config)
     image_token = qwen_language.config.image_token_index
     counts = []
     for size in [(90, 60), (64, 64), (300, 200), (28, 28), (2000, 1000)]:

@@ -34,7 +34,8 @@ def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path)
     (model_dir / "config.json").write_text(json.dumps(config))
     message = (
         "unsupported architecture MllamaForConditionalGeneration; supported: "
-        "LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration"
+        "LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration, "
+        "Qwen2_5_VLForConditionalGeneration"
     )
     with pytest.raises(ModelFormatError, match=message):
         family_of(model_dir)
