@@ -8,7 +8,6 @@ engine step and failed every request in its batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from epd_engine.config import STAGE_ORDER, Role, Stage
@@ -99,17 +98,6 @@ def _check_logit_bias(bias: object) -> None:
         if not (_is_number(value) and low <= value <= high):
             raise ClientError(
                 f"logit_bias values must be in [{low}, {high}], got {value!r}", param="logit_bias"
-            )
-
-
-def check_token_ids(token_ids: Iterable[int], vocab_size: int, param: str) -> None:
-    """Token ids a client sends (prompts, biases) must exist in the vocabulary: an embedding
-    lookup out of range fails the whole step."""
-    for token_id in token_ids:
-        if not 0 <= token_id < vocab_size:
-            raise ClientError(
-                f"token id {token_id} is outside the vocabulary (0 to {vocab_size - 1})",
-                param=param,
             )
 
 
