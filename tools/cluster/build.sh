@@ -2,8 +2,11 @@
 # Build the local test control plane from pinned Go modules into .build/bin (cached).
 #
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  <- tools/cluster/go.mod
+#   kubelet, kube-proxy (the real node)                                    <- tools/cluster/go.mod
 #   kwok                                                                   <- tools/cluster/kwok/go.mod
 #   helm                                                                   <- tools/cluster/helm/go.mod
+#   coredns (the real node's cluster DNS)                                  <- tools/cluster/coredns/go.mod
+#   pause (the pod sandbox's process), from the kubernetes module's pause.c with gcc -static
 #
 # A binary is rebuilt only when its go.mod/go.sum changed (stamp per module), so a
 # second run takes well under a second. Go's own module and build caches make a
@@ -57,9 +60,20 @@ build_module "$here" kubernetes \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
-  kubectl=k8s.io/kubernetes/cmd/kubectl
+  kubectl=k8s.io/kubernetes/cmd/kubectl \
+  kubelet=k8s.io/kubernetes/cmd/kubelet \
+  kube-proxy=k8s.io/kubernetes/cmd/kube-proxy
 build_module "$here/kwok" kwok kwok=sigs.k8s.io/kwok/cmd/kwok
 build_module "$here/helm" helm helm=helm.sh/helm/v3/cmd/helm
+build_module "$here/coredns" coredns coredns=github.com/coredns/coredns
+
+# The sandbox's PID 1, as the kubernetes release builds it (build/pause/linux/pause.c).
+if [[ ! -x "$bin/pause" || "$bin/.kubernetes.stamp" -nt "$bin/pause" ]]; then
+  command -v gcc >/dev/null || { echo "build.sh: 'gcc' is required to build pause" >&2; exit 1; }
+  k8s_src="$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+  gcc -Os -static -DVERSION="$k8s_version" -o "$bin/pause" "$k8s_src/build/pause/linux/pause.c"
+  strip "$bin/pause"
+fi
 
 # kwok's stages (what happens to fake nodes and pods), from the same pinned module.
 if [[ ! -s "$bin/kwok.yaml" || "$bin/.kwok.stamp" -nt "$bin/kwok.yaml" ]]; then

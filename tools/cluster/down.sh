@@ -9,6 +9,8 @@ quiet=0 purge=0
 for a in "$@"; do
   case "$a" in --quiet) quiet=1 ;; --purge) purge=1 ;; *) echo "down.sh: unknown argument $a" >&2; exit 2 ;; esac
 done
+# The real node first (it undoes what it changed on the host), then the control plane.
+if [[ $purge == 1 ]]; then "$here/node.sh" down --purge; else "$here/node.sh" down; fi
 stopped=()
 for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   pidfile="$dir/run/$name.pid"

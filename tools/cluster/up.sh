@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Start a real Kubernetes control plane on 127.0.0.1 from the binaries in .build/bin:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake GPU nodes).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake GPU nodes),
+# and, where this host can run one (root, containerd, runc, CNI plugins), a real node that
+# runs containers (node.sh: kubelet, kube-proxy, CoreDNS).
+#
+#   EPD_REAL_NODE=auto (default): the real node when node.sh check passes, else say why
+#   EPD_REAL_NODE=1: the real node or fail      EPD_REAL_NODE=0: kwok nodes only
 #
 #   tools/cluster/up.sh            # prints the kubeconfig path on its last line
 #   KUBECONFIG=.build/cluster/kubeconfig kubectl get nodes
@@ -35,6 +40,21 @@ pick_port() {  # first free port from $1 (steps of 2: etcd needs port and port+1
 etcd_port="${EPD_ETCD_PORT:-$(pick_port 23790)}"
 api_port="${EPD_APISERVER_PORT:-$(pick_port 16443)}"
 start=$SECONDS
+
+real_node=0
+case "${EPD_REAL_NODE:-auto}" in
+  0) ;;
+  1) "$here/node.sh" check && real_node=1 || exit 1 ;;
+  *) "$here/node.sh" check && real_node=1 || echo "up.sh: kwok nodes only" >&2 ;;
+esac
+node_ip="${EPD_NODE_IP:-172.30.0.1}"
+if ((real_node)); then
+  # Pods reach the API server through the kubernetes Service (10.0.0.1:443 -> the node IP):
+  # it listens beyond loopback and publishes its endpoint.
+  api_reach=(--bind-address 0.0.0.0 --advertise-address "$node_ip" --endpoint-reconciler-type lease)
+else
+  api_reach=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --endpoint-reconciler-type none)
+fi
 
 # --- certificates ---------------------------------------------------------------------------
 pki="$dir/pki"
@@ -100,14 +120,15 @@ wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 # --- kube-apiserver -------------------------------------------------------------------------
 launch kube-apiserver "$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-  --endpoint-reconciler-type none \
+  "${api_reach[@]}" --secure-port "$api_port" \
   --cert-dir "$dir/run" --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-cluster-ip-range 10.0.0.0/24 \
-  --authorization-mode RBAC --allow-privileged=true \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction --allow-privileged=true \
+  --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
+  --kubelet-preferred-address-types InternalIP,Hostname \
   --enable-priority-and-fairness=false \
   --v 1
 wait_for kube-apiserver 90 "${kubectl[@]}" get --raw /readyz
@@ -132,5 +153,6 @@ launch kwok "$bin/kwok" --kubeconfig "$kubeconfig" --config "$bin/kwok.yaml" \
 "$here/nodes.sh" | "${kubectl[@]}" apply -f - >/dev/null
 wait_for "fake GPU nodes" 60 "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=1s
 wait_for "default service account" 60 "${kubectl[@]}" get serviceaccount default -n default
+((real_node)) && "$here/node.sh" up
 echo "up.sh: control plane up in $((SECONDS - start)) s (kubectl --kubeconfig $kubeconfig)"
 echo "$kubeconfig"

@@ -14,7 +14,8 @@ tag="${IMAGE_TAG:-dev}"
 suite="${DEBIAN_SUITE:-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 base="localhost/epd-base:$suite"
-bh=(buildah --storage-driver vfs)
+# overlay (copy-on-write layers) where the kernel allows it; vfs copies the whole root per layer.
+bh=(buildah --storage-driver "${BUILDAH_STORAGE:-overlay}")
 mkdir -p "$out"
 timings="$out/timings.txt"
 
