@@ -26,7 +26,7 @@ from typing import Any
 
 from epd_engine.config import Role
 from epd_engine.plan import Plan
-from epd_operator.spec import API_VERSION, KIND, EPDDeploymentSpec
+from epd_operator.spec import API_VERSION, KIND, EPDDeploymentSpec, Toleration
 
 ENGINE_PORT = 8000
 MODELS_DIR = "/models"
@@ -397,10 +397,7 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
     }
-    if engine.node_selector:
-        pod_spec["nodeSelector"] = dict(engine.node_selector)
-    if engine.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(exclude_defaults=True) for t in engine.tolerations]
+    _place(pod_spec, engine.node_selector, engine.tolerations)
     template_meta = {
         "labels": {**labels(owner, "engine"), **pool_labels},
         "annotations": {
@@ -441,6 +438,16 @@ def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
     )
 
 
+def _place(
+    pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list[Toleration]
+) -> None:
+    """The spec's node selector and tolerations on a pod spec (left out when empty)."""
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [t.model_dump(exclude_defaults=True) for t in tolerations]
+
+
 # --- router ----------------------------------------------------------------------------------
 
 
@@ -478,6 +485,17 @@ def render_router_deployment(owner: Owner) -> Manifest:
             tmp_mount,
         ],
     }
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,  # the router never calls it
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_name(owner)}},
+            tmp_volume,
+        ],
+        "enableServiceLinks": False,
+    }
+    _place(pod_spec, router.node_selector, router.tolerations)
     selector = router_selector(owner)
     return with_hash(
         {
@@ -495,16 +513,7 @@ def render_router_deployment(owner: Owner) -> Manifest:
                             "prometheus.io/port": str(router.port),
                         },
                     },
-                    "spec": {
-                        "securityContext": pod_security_context(),
-                        "automountServiceAccountToken": False,  # the router never calls it
-                        "containers": [container],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": config_name(owner)}},
-                            tmp_volume,
-                        ],
-                        "enableServiceLinks": False,
-                    },
+                    "spec": pod_spec,
                 },
             },
         }

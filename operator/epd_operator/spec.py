@@ -319,6 +319,8 @@ class RouterSpec(_Model):
     port: int = Field(default=8080, ge=1, le=65535)
     image: str | None = Field(default=None, description="Defaults to the engine image.")
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=MAX_LIST_ITEMS)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
 
 
 class MonitoringSpec(_Model):

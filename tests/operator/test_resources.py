@@ -93,6 +93,22 @@ def test_node_selector_tolerations_and_cpu_mode() -> None:
     assert container["args"][container["args"].index("--device") + 1] == "cpu"
 
 
+def test_router_pods_take_their_own_node_selector_and_tolerations() -> None:
+    """Router pods had no placement of their own: a cluster whose CPU nodes are tainted could
+    run the engines there but never the router."""
+    owner = make_owner(
+        router={
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    )
+    pod = r.render_router_deployment(owner)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "cpu"}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}]
+    engine_pod = r.render_pool_deployment(owner, r.pool_specs(owner, PLAN)[0], PLAN)
+    assert "nodeSelector" not in engine_pod["spec"]["template"]["spec"]
+
+
 def test_model_sources_mount_read_only_weights() -> None:
     owner = make_owner(model={"name": "m", "source": {"pvc": {"claimName": "w", "path": "/ckpt"}}})
     pod = r.render_pool_deployment(owner, r.pool_specs(owner, PLAN)[0], PLAN)["spec"]["template"][
