@@ -6,6 +6,8 @@
 #   tools/cluster/node.sh up      # after the control plane is up (needs root)
 #   tools/cluster/node.sh down [--purge]  # undo every change `up` made to the host
 #                                 # (--purge: the imported images and certificates too)
+#   tools/cluster/node.sh import [ARCHIVE...]  # docker-archives into the node's containerd
+#                                 # (default: .build/images/epd-*.tar from tools/images/build.sh)
 #
 # The node is tainted epd.serving.dev/real-node=true:NoSchedule so that only pods that ask
 # for it (the real-pod tests) land here; everything else keeps scheduling on kwok. Its IP is
@@ -101,6 +103,7 @@ record_host() {  # what `down` restores; written once per up
   mkdir -p "$undo"
   iptables-save >"$undo/iptables.rules"
   ip6tables-save >"$undo/ip6tables.rules" 2>/dev/null || true
+  nft list tables >"$undo/nft.tables" 2>/dev/null || true
   : >"$undo/sysctl.conf"
   for s in "${sysctls[@]}"; do
     v="$(sysctl -n "$s" 2>/dev/null)" && echo "$s=$v" >>"$undo/sysctl.conf"
@@ -156,8 +159,22 @@ TOML
   wait_for containerd 30 "${ctr[@]}" version
 }
 
-import_image() {  # archive: a docker-archive tar into the node's image store
+import_image() {  # archive: a docker-archive tar into the node's image store (once per build)
+  local stamp="$dir/images/.$(basename "$1").imported" want
+  want="$(stat -c '%s %Y' "$1")"
+  [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && return 0
+  local start=$SECONDS
   "${ctr[@]}" images import "$1" >/dev/null
+  mkdir -p "$dir/images"
+  echo "$want" >"$stamp"
+  say "imported $(basename "$1") in $((SECONDS - start)) s"
+}
+
+import_images() {  # archives...: default every image tools/images/build.sh wrote
+  local archives=("$@") a
+  ((${#archives[@]})) || archives=("$root"/.build/images/epd-*.tar)
+  for a in "${archives[@]}"; do [[ -f $a ]] && import_image "$a"; done
+  return 0
 }
 
 pause_image_up() {
@@ -262,7 +279,7 @@ up() {
   network_up
   containerd_up
   pause_image_up
-  for archive in "${EPD_NODE_IMAGES[@]:-}"; do [[ -z $archive ]] || import_image "$archive"; done
+  import_images
   coredns_up
   kube_proxy_up
   kubelet_up
@@ -301,6 +318,14 @@ restore_rules() {  # tool saved-rules: flush every table, then put back what was
   [[ -s $2 ]] && "$tool-restore" <"$2" || true
 }
 
+drop_new_tables() {  # before: the (empty) nf_tables tables iptables-nft created stay otherwise
+  command -v nft >/dev/null && [[ -f $1 ]] || return 0
+  local table
+  nft list tables 2>/dev/null | while read -r table; do
+    grep -qxF "$table" "$1" || nft delete $table 2>/dev/null || true  # "table FAMILY NAME"
+  done
+}
+
 remove_containers() {  # every task and container; the imported images stay for the next up
   "${ctr[@]}" version >/dev/null 2>&1 || return 0
   local id
@@ -331,6 +356,7 @@ down() {
   if [[ -d $undo ]]; then
     restore_rules iptables "$undo/iptables.rules"
     restore_rules ip6tables "$undo/ip6tables.rules"
+    drop_new_tables "$undo/nft.tables"
     while IFS== read -r key value; do sysctl -qw "$key=$value" || true; done <"$undo/sysctl.conf"
     while read -r d; do rm -rf "$d"; done <"$undo/created-dirs"
     rm -rf "$undo"
@@ -346,5 +372,6 @@ case "${1:-}" in
   check) check ;;
   up) up ;;
   down) down ;;
-  *) echo "usage: $0 check|up|down" >&2; exit 2 ;;
+  import) shift; import_images "$@" ;;
+  *) echo "usage: $0 check|up|down [--purge]|import [ARCHIVE...]" >&2; exit 2 ;;
 esac
