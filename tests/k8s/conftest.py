@@ -228,7 +228,7 @@ def loopback_router() -> Iterator[LoopbackRouter]:
         router.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # gone before the real-pod tests start their operator pod
 def operator(
     cluster: Cluster, chart: str, loopback_router: LoopbackRouter
 ) -> Iterator[subprocess.Popen]:
