@@ -53,10 +53,10 @@ crds: venv ## Regenerate crds/ from operator/epd_operator/spec.py
 cluster-bins: ## Build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm into .build/ (cached)
 	tools/cluster/build.sh
 
-cluster-up: cluster-bins ## Start the local control plane on 127.0.0.1 (kubeconfig in .build/cluster/kubeconfig)
+cluster-up: cluster-bins ## Start the local control plane on 127.0.0.1 with kwok GPU nodes and, as root, a real node (kubeconfig in .build/cluster/kubeconfig)
 	tools/cluster/up.sh
 
-cluster-down: ## Stop the local control plane
+cluster-down: ## Stop the local control plane and the real node, undoing its host changes
 	tools/cluster/down.sh
 
 bench-engine: venv model ## Engine throughput on the tiny model vs transformers (JSON)
@@ -77,14 +77,14 @@ helm-lint: cluster-bins ## helm lint --strict the operator chart
 	.build/bin/helm lint --strict charts/epd-operator
 
 BASE_IMAGE ?= python:3.12-slim
-BUILDAH_STORAGE ?= vfs
+BUILDAH_STORAGE ?= overlay
 
-images: ## Build the engine and operator images (docker if its daemon answers, else buildah; BASE_IMAGE=...)
-	@if docker info >/dev/null 2>&1; then build="docker build"; \
-	else build="buildah --storage-driver $(BUILDAH_STORAGE) build --isolation chroot"; fi; \
-	set -x; \
-	$$build --build-arg BASE=$(BASE_IMAGE) -f docker/engine.Dockerfile -t epd-engine:$(IMAGE_TAG) . && \
-	$$build --build-arg BASE=$(BASE_IMAGE) -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .
+images: ## Build the engine and operator images (docker if its daemon answers, else buildah on a local Debian base, as archives the real node imports)
+	@if docker info >/dev/null 2>&1; then \
+	  set -x; \
+	  docker build --build-arg BASE=$(BASE_IMAGE) -f docker/engine.Dockerfile -t epd-engine:$(IMAGE_TAG) . && \
+	  docker build --build-arg BASE=$(BASE_IMAGE) -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .; \
+	else IMAGE_TAG=$(IMAGE_TAG) BUILDAH_STORAGE=$(BUILDAH_STORAGE) tools/images/build.sh operator engine; fi
 
 kind-up: images ## Docker users: kind cluster + images + helm install + the tiny CPU example
 	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)

@@ -7,7 +7,7 @@
 #   tools/cluster/node.sh down [--purge]  # undo every change `up` made to the host
 #                                 # (--purge: the imported images and certificates too)
 #   tools/cluster/node.sh import [ARCHIVE...]  # docker-archives into the node's containerd
-#                                 # (default: .build/images/epd-*.tar from tools/images/build.sh)
+#                                 # (default: the epd-*.tar tools/images/build.sh wrote)
 #
 # The node is tainted epd.serving.dev/real-node=true:NoSchedule so that only pods that ask
 # for it (the real-pod tests) land here; everything else keeps scheduling on kwok. Its IP is
@@ -32,6 +32,7 @@ taint_key=epd.serving.dev/real-node
 pause_image=registry.k8s.io/pause:3.10
 cni_bin="${EPD_CNI_BIN:-/usr/lib/cni}"
 kubeconfig="$cluster/kubeconfig"
+images_dir="${EPD_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/epd-operator/images}"
 ctr=(ctr --address "$run/containerd.sock" -n k8s.io)
 # Host paths the kubelet, containerd and the CNI plugins write to whatever they are told.
 host_dirs=(/var/lib/kubelet /var/log/containers /var/log/pods /usr/libexec/kubernetes
@@ -172,7 +173,7 @@ import_image() {  # archive: a docker-archive tar into the node's image store (o
 
 import_images() {  # archives...: default every image tools/images/build.sh wrote
   local archives=("$@") a
-  ((${#archives[@]})) || archives=("$root"/.build/images/epd-*.tar)
+  ((${#archives[@]})) || archives=("$images_dir"/epd-*.tar)
   for a in "${archives[@]}"; do [[ -f $a ]] && import_image "$a"; done
   return 0
 }

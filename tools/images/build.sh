@@ -6,10 +6,12 @@
 #   tools/images/build.sh [operator|engine ...]     # default: operator engine
 #   needs: apt-get install -y buildah debootstrap   (Debian bookworm packages)
 #
-# Archives and timings go to .build/images/. The base is built once and reused.
+# Archives and timings go to $EPD_IMAGES_DIR (default ~/.cache/epd-operator/images, outside
+# the checkout so a fresh clone reuses them; an archive is rewritten only when its image
+# changed). The base is built once and reused; unchanged build steps come from buildah's cache.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-out="${EPD_IMAGES_DIR:-$root/.build/images}"
+out="${EPD_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/epd-operator/images}"
 tag="${IMAGE_TAG:-dev}"
 suite="${DEBIAN_SUITE:-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -50,10 +52,17 @@ images=("$@")
 [[ ${#images[@]} -gt 0 ]] || images=(operator engine)
 for image in "${images[@]}"; do
   start=$SECONDS
-  "${bh[@]}" build --isolation chroot --build-arg "BASE=$base" \
+  # --layers: an unchanged step (the dependency install above all) comes from the cache.
+  "${bh[@]}" build --layers --isolation chroot --build-arg "BASE=$base" \
     -f "$root/docker/$image.Dockerfile" -t "epd-$image:$tag" "$root"
   archive="$out/epd-$image-$tag.tar"
-  rm -f "$archive"
-  "${bh[@]}" push "epd-$image:$tag" "docker-archive:$archive:epd-$image:$tag"
+  id="$("${bh[@]}" inspect --type image --format '{{.FromImageID}}' "epd-$image:$tag")"
+  if [[ -s $archive && "$(cat "$archive.id" 2>/dev/null)" == "$id" ]]; then
+    echo "epd-$image:$tag: unchanged ($id), archive kept"
+  else
+    rm -f "$archive" "$archive.id"
+    "${bh[@]}" push "epd-$image:$tag" "docker-archive:$archive:epd-$image:$tag"
+    echo "$id" >"$archive.id"
+  fi
   echo "epd-$image:$tag: $((SECONDS - start)) s -> $archive" | tee -a "$timings"
 done
