@@ -12,10 +12,12 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /app
 RUN python3 -m venv /opt/epd
 
-# Dependencies first (cached layer), pinned by the lock file.
-COPY pyproject.toml requirements.lock README.md ./
+# Dependencies first, pinned by the lock file alone: this layer stays cached until the lock
+# changes (README or code edits do not invalidate it).
+COPY requirements.lock ./
 RUN pip install --no-deps -r requirements.lock
 
+COPY pyproject.toml README.md ./
 COPY engine/ engine/
 COPY operator/ operator/
 RUN pip install --no-deps . && epdctl --help >/dev/null
