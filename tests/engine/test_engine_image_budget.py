@@ -12,10 +12,17 @@ from epd_engine.config import EngineConfig, Role
 from epd_engine.engine import LLMEngine
 
 
-def _budget(model_dir: Path, **budgets: int) -> tuple[int, LLMEngine]:
-    engine = LLMEngine(
-        EngineConfig(model_dir=model_dir, role=Role.E, num_image_blocks=16, **budgets)
+def _budget(
+    model_dir: Path, image_budget: int | None = None, image_token_budget: int | None = None
+) -> tuple[int, LLMEngine]:
+    config = EngineConfig(
+        model_dir=model_dir,
+        role=Role.E,
+        num_image_blocks=16,
+        image_budget=image_budget,
+        image_token_budget=image_token_budget,
     )
+    engine = LLMEngine(config)
     return engine.scheduler.limits.image_token_budget, engine
 
 
@@ -40,13 +47,15 @@ def test_searched_budget_is_whole_probe_images(tiny_qwen2_vl_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("budgets", "message"),
+    ("images", "tokens", "message"),
     [
-        ({"image_budget": 2, "image_token_budget": 100}, "not both"),
-        ({"image_token_budget": 0}, "image_token_budget must be >= 1, got 0"),
-        ({"image_budget": -1}, "image_budget must be >= 1, got -1"),
+        (2, 100, "not both"),
+        (None, 0, "image_token_budget must be >= 1, got 0"),
+        (-1, None, "image_budget must be >= 1, got -1"),
     ],
 )
-def test_bad_image_budgets_are_refused(budgets: dict[str, int], message: str) -> None:
+def test_bad_image_budgets_are_refused(
+    images: int | None, tokens: int | None, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
-        EngineConfig(model_dir=Path("unused"), **budgets)
+        EngineConfig(model_dir=Path("unused"), image_budget=images, image_token_budget=tokens)

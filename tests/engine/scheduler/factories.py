@@ -9,7 +9,8 @@ from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
-from epd_engine.scheduler import Scheduler, SchedulerLimits
+from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits
+from epd_engine.scheduler.output import SchedulerOutput
 
 _ids = itertools.count()
 IMAGE_TOKENS = 4
@@ -58,7 +59,7 @@ def make_scheduler(
     return Scheduler(role, limits, kv, images)
 
 
-def run_step(scheduler: Scheduler, token: int = 7):  # type: ignore[no-untyped-def]
+def run_step(scheduler: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list[RequestEvent]]:
     """One iteration where every sampling task yields ``token``."""
     out = scheduler.schedule()
     sampled = {t.request_id: token for t in out.token_tasks if t.sample}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from epd_engine.config import Role
-from epd_engine.scheduler import SchedulerLimits
+from epd_engine.scheduler import Scheduler, SchedulerLimits
 
 from .factories import make_request, make_scheduler, run_step
 
 
-def _encoded_tokens(scheduler, steps: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def _encoded_tokens(scheduler: Scheduler, steps: int) -> list[list[int]]:
     return [[t.num_tokens for t in run_step(scheduler)[0].encodes] for _ in range(steps)]
 
 
