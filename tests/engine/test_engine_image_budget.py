@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from epd_engine.cli import UserError, build_parser
+from epd_engine.commands.serve import engine_config
 from epd_engine.config import EngineConfig, Role
 from epd_engine.engine import LLMEngine
 
@@ -59,3 +61,13 @@ def test_bad_image_budgets_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig(model_dir=Path("unused"), image_budget=images, image_token_budget=tokens)
+
+
+def test_serve_flags_reach_the_config_and_both_are_a_user_error() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model", "m", "--image-token-budget", "300"])
+    assert engine_config(args).image_token_budget == 300
+    flags = ["--image-budget", "2", "--image-token-budget", "300"]
+    both = parser.parse_args(["serve", "--model", "m", *flags])
+    with pytest.raises(UserError, match="not both"):
+        engine_config(both)
