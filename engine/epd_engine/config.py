@@ -111,7 +111,11 @@ class EngineConfig:
     max_num_running: int = 256  # decode concurrency cap
     max_model_len: int | None = None  # defaults to the model's context window
     token_budget: int | None = None  # None: found at start-up by binary search against the SLO
+    # tau_e, image tokens encoded per iteration: give it as tokens, or as images of one
+    # image-cache page each (``image_budget`` x the model's page tokens: LLaVA-1.5 576); neither:
+    # found at start-up like the token budget
     image_budget: int | None = None
+    image_token_budget: int | None = None
     max_images_per_request: int = 8
     max_image_bytes: int = 20 * 1024 * 1024
     slo: SLO = field(default_factory=SLO)
@@ -138,10 +142,15 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("token_budget", "image_budget", "max_prompt_tokens"):
+        for name in ("token_budget", "image_budget", "image_token_budget", "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.image_budget is not None and self.image_token_budget is not None:
+            raise ValueError(
+                "give image_budget (images of one cache page) or image_token_budget (tokens), "
+                "not both"
+            )
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
 

@@ -105,7 +105,7 @@ class LLMEngine:
         token_budget, image_budget = self._budgets()
         limits = SchedulerLimits(
             token_budget=token_budget,
-            image_budget=image_budget,
+            image_token_budget=image_budget,
             max_num_running=config.max_num_running,
             max_model_len=self.max_model_len,
         )
@@ -119,10 +119,10 @@ class LLMEngine:
         self.watch_prefill: PrefillWatcher | None = None
         self.on_forget: Callable[[str], None] | None = None  # a request left this engine
         log.info(
-            "engine ready: role=%s token_budget=%d image_budget=%d",
+            "engine ready: role=%s token_budget=%d image_token_budget=%d",
             role,
             limits.token_budget,
-            limits.image_budget,
+            limits.image_token_budget,
         )
 
     # ---- budgets ----------------------------------------------------------------------
@@ -138,13 +138,19 @@ class LLMEngine:
             else:
                 max_tokens = min(self.max_model_len - 1, cfg.num_kv_blocks * cfg.kv_block_size)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
-        image_budget = cfg.image_budget
+        image_budget = cfg.image_token_budget
+        page_tokens = self.model_config.image_page_tokens
+        if image_budget is None and cfg.image_budget is not None:
+            image_budget = cfg.image_budget * page_tokens
         if image_budget is None:
-            if self.runner.vision is None:
-                image_budget = 1
+            vision = self.runner.vision
+            if vision is None:
+                image_budget = page_tokens  # never used: this role encodes nothing
             else:
-                max_images = min(cfg.num_image_blocks, 64)
-                image_budget = search_budget(
+                probe_tokens = vision.tokens_of(vision.probe_pixels())
+                cache_images = cfg.num_image_blocks * page_tokens // probe_tokens
+                max_images = max(1, min(cache_images, 64))
+                image_budget = probe_tokens * search_budget(
                     self._time_encode, cfg.budget_alpha * cfg.slo.ttft_s, max_images
                 )
         return token_budget, image_budget

@@ -11,7 +11,9 @@ from epd_engine.config import Method, Role
 
 
 class Budgets(BaseModel):
-    """Per-iteration batch budgets of one pool (tau_e images, tau_t tokens)."""
+    """Per-iteration batch budgets of one pool: tau_e in images of one image-cache page each
+    (the engine's ``--image-budget``: it encodes up to ``image_budget`` x page tokens per
+    iteration; LLaVA-1.5 576 a page), tau_t in tokens."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -33,7 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--token-budget", type=int, help="tokens per iteration (default: searched against the SLO)"
     )
     p.add_argument(
-        "--image-budget", type=int, help="images per iteration (default: searched against the SLO)"
+        "--image-budget",
+        type=int,
+        help="images per iteration, each counted as one image-cache page of tokens (LLaVA-1.5: "
+        "576); default: searched against the SLO",
+    )
+    p.add_argument(
+        "--image-token-budget",
+        type=int,
+        help="image tokens encoded per iteration (instead of --image-budget)",
     )
     p.add_argument("--max-num-running", type=int, default=256)
     p.add_argument("--max-images-per-request", type=int, default=8)
@@ -106,6 +114,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             num_image_blocks=args.num_image_blocks,
             token_budget=args.token_budget,
             image_budget=args.image_budget,
+            image_token_budget=args.image_token_budget,
             max_num_running=args.max_num_running,
             max_images_per_request=args.max_images_per_request,
             max_image_bytes=args.max_image_bytes,

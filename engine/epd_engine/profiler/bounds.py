@@ -2,8 +2,10 @@
 
 ``stage_work`` is the busy time one request needs per stage at the most efficient batch the
 budgets and caches allow (fixed costs amortised over a full batch, attention and KV reads
-counted exactly, encoder-cache hits free). HydraInfer's heuristic partitions instances in
-proportion to it; the exhaustive search uses ``goodput_bound`` to skip plans that cannot win:
+counted exactly, encoder-cache hits free; each image at its trace tokens, and one larger than
+the image budget alone in its batch, as the engine encodes it). HydraInfer's heuristic
+partitions instances in proportion to it; the exhaustive search uses ``goodput_bound`` to
+skip plans that cannot win:
 
 - a pool of n instances with work w per request sustains at most n / w requests per second.
   Goodput is *defined* here as a sustainable rate: on a finite trace any plan passes at an
@@ -54,9 +56,8 @@ def stage_work(
     """Work per request, given the budgets of the pools that run each stage."""
     cap = cost.capacity
     num = max(1, len(records))
-    per_image = cap.tokens_per_image or cap.image_block_tokens
-    image_batch_tokens = budgets[Stage.ENCODE].image_budget * per_image
-    enc_per_token = cost.encode_s(image_batch_tokens) / image_batch_tokens
+    # the engine's image budget: ``image_budget`` pages of tokens (LLaVA-1.5: that many images)
+    image_batch_tokens = budgets[Stage.ENCODE].image_budget * cap.image_block_tokens
     lm = cost.language
     token_budget = budgets[Stage.PREFILL].token_budget
     pf_per_token = (lm.fixed_s + lm.per_token_s * max(token_budget, lm.knee_tokens)) / token_budget
@@ -67,13 +68,10 @@ def stage_work(
     floors = np.zeros((4, len(records)))  # encode, migrate, prefill, tpot
     for i, record in enumerate(records):
         image_tokens = [cost.image_tokens(image.tokens) for image in record.images]
-        fresh = sum(  # encoder-cache hits cost nothing (optimistic, as a bound must be)
-            t
-            for image, t in zip(record.images, image_tokens, strict=True)
-            if image.hash not in seen
-        )
+        for image, t in zip(record.images, image_tokens, strict=True):
+            if image.hash not in seen:  # encoder-cache hits cost nothing (optimistic)
+                encode += t * _encode_per_token(cost, max(t, image_batch_tokens))
         seen.update(image.hash for image in record.images)
-        encode += fresh * enc_per_token
         prompt = record.prompt_tokens + sum(image_tokens)
         prefill += (
             prompt * pf_per_token
@@ -104,6 +102,12 @@ def stage_work(
         floors[3],
         max_output_tokens=max((r.output_tokens for r in records), default=1),
     )
+
+
+def _encode_per_token(cost: FittedCostModel, batch_tokens: int) -> float:
+    """Encode seconds per image token in the fullest batch an image can share: the budget's
+    tokens, or the image alone when it is larger (images are encoded whole)."""
+    return cost.encode_s(batch_tokens) / batch_tokens
 
 
 def pool_work_s(method: Method, role: Role, work: StageWork, overlap: float) -> float:

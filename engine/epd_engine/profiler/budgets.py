@@ -13,7 +13,7 @@ from epd_engine.plan import Budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.scheduler.budget_search import BudgetSearchError, search_budget
 
-MAX_IMAGE_BUDGET = 64  # the engine's cap on the image-budget search
+MAX_IMAGE_BUDGET = 64  # cap on the image-budget search, in image-cache pages
 
 
 def derive_budgets(
@@ -30,9 +30,11 @@ def derive_budgets(
             max_tokens = min(cap.max_model_len - 1, cap.num_kv_blocks * cap.kv_block_size)
             token_budget = search_budget(cost.prefill_s, limit_s, max_tokens)
         if role.runs(Stage.ENCODE):
-            per_image = cap.tokens_per_image or cap.image_block_tokens
+            # in cache pages, as the engine reads ``--image-budget`` (n x page image tokens an
+            # iteration; LLaVA-1.5: n images): exact in tokens whatever the trace's image sizes
+            page = cap.image_block_tokens
             image_budget = search_budget(
-                lambda n: cost.encode_s(n * per_image),
+                lambda n: cost.encode_s(n * page),
                 alpha * slo.ttft_s,
                 min(cap.num_image_blocks, MAX_IMAGE_BUDGET),
             )

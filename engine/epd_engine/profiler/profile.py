@@ -63,6 +63,12 @@ class ProfileConfig:
     show_progress: bool = True
 
 
+# Sides (pixels) of the extra probe images of a resolution-dependent model (Qwen2-VL: 64 and
+# 1024 tokens, around the 256 of its 448-pixel representative image), so the encode fit spans
+# the image sizes traces have, not one size.
+VARIABLE_PROBE_SIDES = (224, 896)
+
+
 def _powers(limit: int, start: int = 1) -> list[int]:
     values, n = [], start
     while n < limit:
@@ -101,6 +107,11 @@ class RunnerProbe:
         self.params = SamplingSpec(SamplingParams(max_tokens=1, temperature=0.0))
         self.pixels = vision.probe_pixels()  # one representative image
         self.image_tokens = vision.tokens_of(self.pixels)
+        self.probes = {self.image_tokens: self.pixels}  # pixels by image tokens
+        if self.model.fixed_image_tokens is None:  # by resolution: small and large images too
+            for side in VARIABLE_PROBE_SIDES:
+                pixels = vision.probe_pixels(side, side)
+                self.probes[vision.tokens_of(pixels)] = pixels
         self.max_context = min(
             self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
         )
@@ -117,9 +128,12 @@ class RunnerProbe:
         prefill: tuple[int, int] | None = None,
         decodes: int = 0,
         context: int = 0,
+        image_tokens: int | None = None,  # one of ``probes``; default the representative image
     ) -> SchedulerOutput:
         out = SchedulerOutput()
-        tokens = self.image_tokens
+        tokens = image_tokens or self.image_tokens
+        if tokens not in self.probes:
+            raise ValueError(f"no probe image of {tokens} tokens; have {sorted(self.probes)}")
         pages = -(-tokens // self.shape.image_block_tokens)
         for i in range(num_images):
             blocks = [(i * pages + j) % self.shape.num_image_blocks for j in range(pages)]
@@ -136,7 +150,7 @@ class RunnerProbe:
         return out
 
     def measure(self, out: SchedulerOutput) -> float:
-        pixels = [self.pixels] * len(out.encodes)
+        pixels = [self.probes[task.num_tokens] for task in out.encodes]
         params = {t.request_id: self.params for t in out.token_tasks}
         return best_of(
             lambda: self.runner.execute(out, pixels, params),
@@ -149,8 +163,9 @@ def _plan_batches(probe: RunnerProbe) -> list[tuple[str, SchedulerOutput]]:
     cfg = probe.config
     ctx_max = probe.max_context
     batches: list[tuple[str, SchedulerOutput]] = []
-    for n in _powers(min(cfg.max_images, cfg.num_image_blocks)):
-        batches.append(("encode", probe.batch(num_images=n)))
+    for tokens in sorted(probe.probes):
+        for n in _powers(min(cfg.max_images, cfg.num_image_blocks)):
+            batches.append(("encode", probe.batch(num_images=n, image_tokens=tokens)))
     for chunk in _powers(min(cfg.max_prefill_tokens, ctx_max), 16):
         batches.append(("language", probe.batch(prefill=(chunk, 0))))
     for start in (256, 1024):

@@ -42,7 +42,7 @@ def build_scheduler(
     )
     limits = SchedulerLimits(
         token_budget=budgets.token_budget,
-        image_budget=budgets.image_budget,
+        image_token_budget=budgets.image_budget * capacity.image_block_tokens,  # as the engine
         max_num_running=capacity.max_num_running,
         max_model_len=capacity.max_model_len,
     )

@@ -103,7 +103,7 @@ class SimScheduler(Scheduler):
         prefills, 3. new requests, within the token and image budgets."""
         out = SimOutput()
         token_budget = self.limits.token_budget
-        image_budget = self.limits.image_budget
+        image_budget = self.limits.image_token_budget
         if _DECODE in self._stages:
             token_budget -= self._schedule_decodes(out)
 

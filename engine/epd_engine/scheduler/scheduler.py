@@ -1,7 +1,10 @@
 """The stage-level scheduler (DESIGN.md §4).
 
 Each iteration: every running decode first; then ongoing chunked prefills and encodes;
-then new requests, until the token budget (tau_t) and image budget (tau_e) are used.
+then new requests, until the token budget (tau_t) and image budget (tau_e) are used. The
+image budget counts image *tokens* (a Qwen2-VL image is a few dozen to thousands of them): an
+image is encoded whole, so the first one of an iteration goes even when it alone is larger
+than the budget, and one that no longer fits waits for the next iteration (FIFO kept).
 When KV pages run out, the newest running request is preempted and later recomputed
 (its images are usually still in the encoder-output cache), so nothing crashes or hangs.
 An instance runs only the stages of its role; a request whose next stage is elsewhere is
@@ -30,7 +33,13 @@ from epd_engine.scheduler.output import (
 @dataclass(frozen=True)
 class SchedulerLimits:
     token_budget: int  # tau_t: tokens per iteration (prefill chunks + decodes)
-    image_budget: int  # tau_e: images encoded per iteration
+    image_token_budget: int  # tau_e: image tokens encoded per iteration
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "image_token_budget", "max_num_running", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
     max_num_running: int
     max_model_len: int
 
@@ -128,7 +137,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         token_budget = self.limits.token_budget
-        image_budget = self.limits.image_budget
+        image_budget = self.limits.image_token_budget
         scheduled: set[str] = set()
 
         for request in list(self.running):  # 1. every running decode (oldest first)
@@ -265,6 +274,8 @@ class Scheduler:
         return True
 
     def _schedule_encodes(self, request: Request, image_budget: int, out: SchedulerOutput) -> int:
+        """Queue the request's uncached images while their tokens fit ``image_budget``; returns
+        what is left (<= 0: no more encodes this iteration)."""
         if image_budget <= 0 or not self._local(request, Stage.ENCODE):
             return image_budget
         assert self.images is not None
@@ -274,11 +285,13 @@ class Scheduler:
             if slot.cached:
                 continue
             image = request.images[index]
+            if image.num_tokens > image_budget and out.encodes:
+                return 0  # does not fit beside this iteration's others: the next one takes it
             task = EncodeTask(
                 request.request_id, index, image.content_hash, image.num_tokens, slot.blocks
             )
             out.encodes.append(task)
-            image_budget -= 1
+            image_budget -= image.num_tokens
         return image_budget
 
     def _schedule_prefill(self, request: Request, token_budget: int, out: SchedulerOutput) -> int:

@@ -1,6 +1,7 @@
-"""Qwen2-VL through the router with real processes: every method gives the tokens one EPD
-instance gives (greedy), with images of different sizes, so image embeddings of varying
-token counts migrate E -> P and the M-RoPE positions stay right after each migration."""
+"""Qwen2-VL and Qwen2.5-VL through the router with real processes: every method gives the
+tokens one EPD instance gives (greedy), with images of different sizes, so image embeddings
+of varying token counts migrate E -> P and the M-RoPE positions stay right after each
+migration."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.processes import free_port, running
 
 pytestmark = pytest.mark.slow
 
-# (name, image sizes): 4, 35 + 4 and 77 image tokens under the tiny preset's processor.
+# (name, image sizes): 4, 35 + 4 and 77 image tokens under both tiny presets' processors.
 CASES: list[tuple[str, list[tuple[int, int]]]] = [
     ("text", []),
     ("small", [(64, 48)]),
@@ -52,12 +53,21 @@ async def run_all(base_url: str) -> dict[str, str]:
     return {name: text for (name, _), text in zip(CASES, texts, strict=True)}
 
 
+FAMILIES = {"qwen2-vl": "tiny_qwen2_vl_dir", "qwen2.5-vl": "tiny_qwen2_5_vl_dir"}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    """The tiny checkpoint of one family (module scope: one reference per family)."""
+    return Path(request.getfixturevalue(FAMILIES[request.param]))
+
+
 @pytest.fixture(scope="module")
-def qwen_reference(tiny_qwen2_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def qwen_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     log = tmp_path_factory.mktemp("qwen-reference") / "serve.log"
     args = [
-        "serve", "--model", str(tiny_qwen2_vl_dir), "--served-model-name", "tiny-llava",
+        "serve", "--model", str(model_dir), "--served-model-name", "tiny-llava",
         "--port", str(port), "--token-budget", "256", "--image-budget", "4",
         "--num-kv-blocks", "256", "--num-image-blocks", "16",
     ]  # fmt: skip
@@ -67,11 +77,9 @@ def qwen_reference(tiny_qwen2_vl_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(params=[m for m in Method if m is not Method.EPD], ids=lambda m: m.value)
-def system_url(
-    request: pytest.FixtureRequest, tiny_qwen2_vl_dir: Path, tmp_path: Path
-) -> Iterator[str]:
+def system_url(request: pytest.FixtureRequest, model_dir: Path, tmp_path: Path) -> Iterator[str]:
     plan = plan_for(request.param, {})
-    with local_system(tiny_qwen2_vl_dir, tmp_path, plan) as system:
+    with local_system(model_dir, tmp_path, plan) as system:
         yield system.spec.router_url
 
 

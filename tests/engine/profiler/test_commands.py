@@ -175,10 +175,14 @@ def test_profile_costs_on_qwen2_vl_charges_images_by_their_trace_tokens(
     tiny_qwen2_vl_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "cost.json"
+    samples = tmp_path / "samples.json"
     argv = ["profile-costs", "--model", str(tiny_qwen2_vl_dir), "--out", str(out)]
     argv += ["--max-images", "2", "--max-prefill-tokens", "32", "--max-decode-batch", "2"]
-    argv += ["--repeats", "1", "--rounds", "1", "--no-progress"]
+    argv += ["--repeats", "1", "--rounds", "1", "--no-progress", "--samples", str(samples)]
     assert main(argv) == 0
+    encodes = [s for s in json.loads(samples.read_text()) if s["kind"] == "encode"]
+    per_image = {s["image_tokens"] // s["num_images"] for s in encodes}
+    assert per_image == {64, 256, 1024}  # 224, 448 and 896 pixels: the fit spans image sizes
     cost = load_cost_model(out)
     assert cost.capacity.tokens_per_image is None  # by resolution: the trace says
     assert cost.image_tokens(77) == 77

@@ -113,3 +113,17 @@ def test_fast_path_stops_early_at_the_same_event(plan: Plan) -> None:
     fast = _run(plan, trace, cost, SimScheduler, stop=True)
     assert fast.stopped_early
     _assert_same(fast, _run(plan, trace, cost, EngineScheduler, stop=True))
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
+def test_fast_path_matches_the_engine_scheduler_on_variable_image_tokens(plan: Plan) -> None:
+    """Qwen2-VL-sized images (a few dozen to ~1000 tokens, 64-token cache pages): the image
+    budget is spent in tokens, so iterations hold different numbers of images."""
+    trace = synthesize(MIXED, 60, ArrivalSpec("poisson", 40.0), seed=5, image_tokenizer="qwen2-vl")
+    assert len({image.tokens for r in trace for image in r.images}) == 3  # 144, 391, 999
+    cost = reference_cost_model()
+    capacity = dataclasses.replace(cost.capacity, image_block_tokens=64, num_image_blocks=2304)
+    cost = dataclasses.replace(cost, capacity=capacity)
+    fast = _run(plan, trace, cost, SimScheduler, stop=False)
+    reference = _run(plan, trace, cost, EngineScheduler, stop=False)
+    _assert_same(fast, reference)

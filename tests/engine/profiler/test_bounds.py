@@ -1,0 +1,37 @@
+"""The bound's encode work charges each image at its trace tokens, in the fullest batch the
+engine's image budget (in tokens) lets it share: a large image is encoded alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from epd_engine.config import Stage
+from epd_engine.plan import Budgets
+from epd_engine.profiler.bounds import stage_work
+from epd_engine.profiler.cost_model import EncodeCoeffs
+
+from .factories import make_trace, toy_cost_model
+
+FIXED_S, PER_TOKEN_S = 0.02, 1e-4  # a fixed cost per encode batch makes batching matter
+
+
+def _encode_work(image_tokens: int, image_budget: int) -> float:
+    cost = dataclasses.replace(
+        toy_cost_model(), encode=EncodeCoeffs(fixed_s=FIXED_S, per_token_s=PER_TOKEN_S)
+    )
+    assert cost.capacity.tokens_per_image is None  # by resolution: the trace's tokens
+    budgets = {stage: Budgets(image_budget=image_budget, token_budget=64) for stage in Stage}
+    trace = make_trace(20, image_tokens=image_tokens)
+    return stage_work(trace, cost, budgets).encode_s
+
+
+def test_small_images_share_the_budgets_batch() -> None:
+    # 2 pages of 100 tokens: four 50-token images a batch, the fixed cost shared four ways
+    assert _encode_work(50, image_budget=2) == pytest.approx(FIXED_S / 4 + 50 * PER_TOKEN_S)
+
+
+def test_an_image_larger_than_the_budget_is_charged_alone() -> None:
+    # 1000 tokens in a 200-token budget: one batch of its own (not five 200-token batches)
+    assert _encode_work(1000, image_budget=2) == pytest.approx(FIXED_S + 1000 * PER_TOKEN_S)
