@@ -107,6 +107,27 @@ def _patch_plan(cluster: Cluster, ns: str, method: str, pools: dict[str, int]) -
     cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "json", "-p", json.dumps(patch))
 
 
+def test_pods_run_as_non_root_on_a_read_only_root(cluster: Cluster, tiny: str) -> None:
+    """The security context as the kubelet applies it, not only as the API server admitted
+    it: user 10001, no capabilities, the root filesystem read-only, /tmp writable."""
+    probe = (
+        "import os, pathlib\n"
+        "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1]\n"
+        "print(os.getuid(), caps)\n"
+        "pathlib.Path('/tmp/ok').write_text('x')\n"
+        "try:\n    open('/app/x', 'w')\nexcept OSError as e:\n    print(e.errno)\n"
+    )
+    pods = [*engine_pods(cluster, tiny), _router_pod(cluster, tiny)]
+    for pod in pods:
+        out = cluster.kubectl("exec", "-n", tiny, pod, "--", "python", "-c", probe).stdout.split()
+        assert out == ["10001", "0000000000000000", "30"], (pod, out)  # 30: EROFS
+
+
+def _router_pod(cluster: Cluster, ns: str) -> str:
+    pods = cluster.items("pods", "-n", ns, "-l", f"{r.LABEL_COMPONENT}=router")
+    return str(pods[0]["metadata"]["name"])
+
+
 def test_every_method_answers_and_switches_under_traffic_lose_nothing(
     cluster: Cluster, tiny: str
 ) -> None:

@@ -53,6 +53,9 @@ check() {  # prints why not, exit 1
   done
   [[ -x "$cni_bin/bridge" && -x "$cni_bin/host-local" && -x "$cni_bin/portmap" ]] ||
     why+=("CNI plugins missing in $cni_bin (apt-get install containernetworking-plugins)")
+  if [[ -S $run/containerd.sock && ! -f $dir/run/containerd.pid ]]; then
+    why+=("another checkout's real node is running ($run): stop it with its tools/cluster/down.sh")
+  fi
   if ((${#why[@]})); then
     printf 'node.sh: no real node: %s\n' "${why[@]}" >&2
     return 1
