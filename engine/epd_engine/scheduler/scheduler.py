@@ -34,14 +34,13 @@ from epd_engine.scheduler.output import (
 class SchedulerLimits:
     token_budget: int  # tau_t: tokens per iteration (prefill chunks + decodes)
     image_token_budget: int  # tau_e: image tokens encoded per iteration
+    max_num_running: int
+    max_model_len: int
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "image_token_budget", "max_num_running", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-    max_num_running: int
-    max_model_len: int
 
 
 @dataclass(frozen=True)
