@@ -105,6 +105,8 @@ def run(model_dir: Path, batch: int, pages: int, layers: int, vocab: int, output
     sample = {
         "greedy_ms": best_ms(lambda: sampler(logits, greedy_rows)),  # greedy: no in-place change
         "greedy_old_loop_ms": best_ms(lambda: _old_sample(logits, [greedy] * batch)),
+        # the greedy pass before: torch's argmax (CPU: slower than max's indices)
+        "greedy_torch_argmax_ms": best_ms(lambda: logits.argmax(dim=-1).tolist()),
         "half_top_p_seeded_ms": best_ms(lambda: sampler(logits.clone(), mixed_rows)),
         "half_top_p_old_loop_ms": best_ms(lambda: _old_sample(logits, mixed)),
     }
