@@ -68,10 +68,13 @@ class DecodeBuffers:
         # int64: input_ids [B], positions [B], slot_mapping [B], write_src [B],
         # write_rows [2 * B], decode_pages [B * P]
         self._cut64 = (cap, cap, cap, cap, 2 * cap, cap * max_pages)
-        self.host32 = torch.zeros(sum(self._cut32), dtype=torch.int32, pin_memory=pin)
-        self.host64 = torch.zeros(sum(self._cut64), dtype=torch.long, pin_memory=pin)
         self.packed32 = torch.zeros(sum(self._cut32), dtype=torch.int32, device=device)
         self.packed64 = torch.zeros(sum(self._cut64), dtype=torch.long, device=device)
+        # host staging; on a CPU the buffers themselves (no copy)
+        self.host32, self.host64 = self.packed32, self.packed64
+        if device.type != "cpu":
+            self.host32 = torch.zeros(sum(self._cut32), dtype=torch.int32, pin_memory=pin)
+            self.host64 = torch.zeros(sum(self._cut64), dtype=torch.long, pin_memory=pin)
         (self.qo_indptr, self.kv_indptr, self.kv_last_page_len, self.context_lens,
          self.kv_indices) = self.packed32.split(self._cut32)  # fmt: skip
         (self.input_ids, self.positions, self.slot_mapping, self.write_src, write_rows,
@@ -144,9 +147,8 @@ class DecodeBuffers:
         h64[rows_at + cap : rows_at + cap + rows] = torch.tensor(v_rows, dtype=torch.long)
         grid_at = rows_at + 2 * cap
         h64[grid_at : grid_at + len(flat_grid)] = torch.tensor(flat_grid, dtype=torch.long)
-        used32 = offsets32[-1] + len(indices)
-        self.packed32[:used32].copy_(h32[:used32], non_blocking=True)
-        self.packed64[: grid_at + len(flat_grid)].copy_(
-            h64[: grid_at + len(flat_grid)], non_blocking=True
-        )
+        if h32 is not self.packed32:
+            used32, used64 = offsets32[-1] + len(indices), grid_at + len(flat_grid)
+            self.packed32[:used32].copy_(h32[:used32], non_blocking=True)
+            self.packed64[:used64].copy_(h64[:used64], non_blocking=True)
         return DecodeFill(n, rows, width, len(indices), ctx)
