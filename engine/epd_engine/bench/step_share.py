@@ -38,7 +38,7 @@ from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
 from epd_engine.scheduler.scheduler import Scheduler, SchedulerLimits
 
 BLOCK_SIZE = 16
-SHAPE_7B = {  # Mistral-7B (llava-v1.6-mistral-7b's decoder)
+SHAPE_7B: dict[str, Any] = {  # Mistral-7B (llava-v1.6-mistral-7b's decoder)
     "hidden_size": 4096,
     "intermediate_size": 14336,
     "num_heads": 32,

@@ -20,6 +20,7 @@ of each and sends it in one copy. Views into them are the step's tensors; their
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -123,8 +124,8 @@ class DecodeBuffers:
         last = [c - (p - 1) * bs for c, p in zip(ctx, pages, strict=True)]
         indices = [page for table in tables for page in table]
         h32 = self.host32
-        c = self._cut32
-        offsets32 = [0, c[0], c[0] + c[1], c[0] + c[1] + c[2], c[0] + c[1] + c[2] + c[3]]
+        c32 = self._cut32
+        offsets32 = [0, *itertools.accumulate(c32[:4])]
         for start, values in zip(offsets32, (qo, kv, last, ctx, indices), strict=True):
             h32[start : start + len(values)] = torch.tensor(values, dtype=torch.int32)
         positions = [c - 1 for c in ctx]
@@ -139,7 +140,7 @@ class DecodeBuffers:
         h64 = self.host64
         c = self._cut64
         cap = self.capacity
-        starts64 = (0, c[0], c[0] + c[1], c[0] + c[1] + c[2])
+        starts64 = (0, *itertools.accumulate(c[:3]))
         for start, values in zip(starts64, (ids, positions, slots, src), strict=True):
             h64[start : start + rows] = torch.tensor(values, dtype=torch.long)
         rows_at = sum(c[:4])

@@ -117,8 +117,8 @@ def storages(meta: TorchAttentionMetadata) -> set[int]:
         meta.decode_rows,
         meta.decode_mask,
     ]
-    assert meta.write_src is not None
-    return {t.untyped_storage().data_ptr() for t in [*tensors, meta.write_src]}
+    assert all(t is not None for t in tensors) and meta.write_src is not None
+    return {t.untyped_storage().data_ptr() for t in [*tensors, meta.write_src] if t is not None}
 
 
 def test_decode_steps_of_any_size_reuse_the_buffers():
@@ -145,9 +145,10 @@ def test_decode_steps_of_any_size_reuse_the_buffers():
         assert meta.kv_indptr[: n + 1].tolist() == fresh.kv_indptr.tolist()
         assert meta.kv_last_page_len[:n].tolist() == fresh.kv_last_page_len.tolist()
         assert meta.write_rows[:, :n].tolist() == fresh.write_rows.tolist()
-        width = fresh.decode_mask.shape[-1]  # type: ignore[union-attr]
-        assert torch.equal(meta.decode_mask[:n, ..., :width], fresh.decode_mask)  # type: ignore[index]
-        assert not meta.decode_mask[:n, ..., width:].any()  # type: ignore[index]
+        assert meta.decode_mask is not None and fresh.decode_mask is not None
+        width = fresh.decode_mask.shape[-1]
+        assert torch.equal(meta.decode_mask[:n, ..., :width], fresh.decode_mask)
+        assert not meta.decode_mask[:n, ..., width:].any()
 
 
 def test_a_decode_longer_than_the_buffers_is_refused():
