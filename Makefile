@@ -62,6 +62,8 @@ cluster-down: ## Stop the local control plane and the real node, undoing its hos
 bench-engine: venv model ## Engine throughput on the tiny model vs transformers (JSON)
 	$(EPDCTL) bench-engine --model $(MODEL_DIR) --out benchmarks/results/engine-cpu.json
 	$(PY) benchmarks/bench_served.py --model $(MODEL_DIR) --out benchmarks/results/served-cpu.json
+	$(PY) -m epd_engine.bench.step_overhead --model $(MODEL_DIR) --out benchmarks/results/step-overhead-cpu.json
+	$(PY) -m epd_engine.bench.step_share --model $(MODEL_DIR) --out benchmarks/results/step-share-cpu.json
 
 .PHONY: help venv lock model serve serve-single test lint fmt crds cluster-bins cluster-up cluster-down bench-engine
 

@@ -94,7 +94,15 @@ class LLMEngine:
             hidden_size=self.model_config.hidden_size,
         )
         self.runner = ModelRunner(
-            vision, language, shape, dtype, config.device, with_images, memory
+            vision,
+            language,
+            shape,
+            dtype,
+            config.device,
+            with_images,
+            memory,
+            max_decode_seqs=config.max_num_running,
+            max_model_len=self.max_model_len,
         )
         kv = KVCacheManager(shape.num_kv_blocks, shape.kv_block_size) if language else None
         images = (

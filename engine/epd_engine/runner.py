@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from epd_engine.model.attention import AttentionBatch
+from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
@@ -42,7 +43,12 @@ class ModelRunner:
         device: str,
         with_image_cache: bool,
         memory: CacheMemory | None = None,
+        max_decode_seqs: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
+        """``max_decode_seqs`` and ``max_model_len`` (both or neither): size the persistent
+        decode buffers for that many decodes of that many tokens; without them every step
+        builds its inputs afresh."""
         self.vision = vision
         self.language = language
         self.shape = shape
@@ -62,6 +68,14 @@ class ModelRunner:
                 dtype,
             )
         self.sampler = Sampler(self.device)
+        self.decode_buffers: DecodeBuffers | None = None
+        if language is not None and max_decode_seqs and not language.config.uses_mrope:
+            if not max_model_len:
+                raise ValueError("max_decode_seqs needs max_model_len")
+            max_pages = min(-(-max_model_len // shape.kv_block_size), shape.num_kv_blocks)
+            self.decode_buffers = language.decode_buffers(
+                max_decode_seqs, max_pages, shape.kv_block_size
+            )
 
     # ---- encode -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -103,6 +117,8 @@ class ModelRunner:
         one, such as a timing probe, is positioned as text).
         """
         assert self.language is not None
+        if self._buffered(tasks):
+            return self._forward_decodes(tasks, layer_written)
         batch = AttentionBatch(
             query_lens=[t.num_tokens for t in tasks],
             context_lens=[t.start_position + t.num_tokens for t in tasks],
@@ -128,6 +144,38 @@ class ModelRunner:
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[last_rows]
+
+    def _buffered(self, tasks: list[TokenTask]) -> bool:
+        """A decode-only step that fits the persistent buffers."""
+        buffers = self.decode_buffers
+        if buffers is None or not 1 <= len(tasks) <= buffers.capacity:
+            return False
+        block_size = buffers.block_size
+        for t in tasks:
+            if t.num_tokens != 1 or t.start_position < 1 or t.image_slices:
+                return False
+            if t.start_position >= buffers.max_pages * block_size:  # needs one page more
+                return False
+        return True
+
+    def _forward_decodes(
+        self, tasks: list[TokenTask], layer_written: LayerWritten | None
+    ) -> torch.Tensor:
+        """A decode-only step on the persistent buffers, padded to one of their sizes;
+        returns the real rows' hidden states (padded rows' are dropped)."""
+        assert self.language is not None and self.decode_buffers is not None
+        buffers = self.decode_buffers
+        fill = buffers.fill(
+            [t.token_ids[0] for t in tasks],
+            [t.start_position + 1 for t in tasks],
+            [t.block_table for t in tasks],
+        )
+        meta = self.language.prepare_decode(buffers, fill)  # once per step, views of buffers
+        embeds = self.language.embed(buffers.input_ids[: fill.rows])  # [rows, H]
+        hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
+        if all(t.sample for t in tasks):
+            return hidden[: fill.num_seqs]
+        return hidden[[i for i, t in enumerate(tasks) if t.sample]]
 
     @torch.inference_mode()
     def sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:

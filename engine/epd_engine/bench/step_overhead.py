@@ -25,6 +25,7 @@ import torch
 from epd_engine.detokenizer import Detokenizer
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.attention_torch import TorchPagedAttention
+from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.sampler import Sampler
 from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
 
@@ -37,6 +38,18 @@ def best_ms(run: Callable[[], object], repeats: int = 5) -> float:
         run()
         best = min(best, time.perf_counter() - start)
     return best * 1000
+
+
+def spread_ms(run: Callable[[], object], repeats: int = 7) -> dict[str, float]:
+    """min / median / max of ``repeats`` timed runs after one warm-up, in ms."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"min": times[0], "median": times[len(times) // 2], "max": times[-1]}
 
 
 def _old_sample(logits: torch.Tensor, params: list[SamplingParams]) -> list[int]:
@@ -66,6 +79,16 @@ def run(model_dir: Path, batch: int, pages: int, layers: int, vocab: int, output
     backend = TorchPagedAttention()
     cpu = torch.device("cpu")
     prepare_ms = best_ms(lambda: backend.prepare(attention_batch, cpu))
+    buffers = DecodeBuffers(batch, pages, block_size, cpu)
+    new_tokens = list(range(batch))
+
+    def buffered_prepare() -> None:
+        backend.prepare_decode(buffers, buffers.fill(new_tokens, contexts, tables))
+
+    prepare_spread = {
+        "fresh_tensors": spread_ms(lambda: backend.prepare(attention_batch, cpu)),
+        "persistent_buffers": spread_ms(buffered_prepare),
+    }
 
     logits = torch.randn(batch, vocab) * 4  # peaked like an LM's, not flat noise
     greedy = SamplingParams(temperature=0.0)
@@ -82,6 +105,8 @@ def run(model_dir: Path, batch: int, pages: int, layers: int, vocab: int, output
     sample = {
         "greedy_ms": best_ms(lambda: sampler(logits, greedy_rows)),  # greedy: no in-place change
         "greedy_old_loop_ms": best_ms(lambda: _old_sample(logits, [greedy] * batch)),
+        # the greedy pass before: torch's argmax (CPU: slower than max's indices)
+        "greedy_torch_argmax_ms": best_ms(lambda: logits.argmax(dim=-1).tolist()),
         "half_top_p_seeded_ms": best_ms(lambda: sampler(logits.clone(), mixed_rows)),
         "half_top_p_old_loop_ms": best_ms(lambda: _old_sample(logits, mixed)),
     }
@@ -123,6 +148,7 @@ def run(model_dir: Path, batch: int, pages: int, layers: int, vocab: int, output
         "torch_threads": torch.get_num_threads(),
         "attention_prepare_once_per_step_ms": prepare_ms,
         "attention_metadata_if_built_per_layer_ms": prepare_ms * layers,
+        "decode_prepare_ms": prepare_spread,
         "sampling": sample,
         "detokenize_one_token_per_request": detok,
     }

@@ -20,6 +20,8 @@ from typing import Protocol
 
 import torch
 
+from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
+
 
 @dataclass(frozen=True)
 class AttentionBatch:
@@ -75,7 +77,7 @@ class AttentionMetadata:
 
     @property
     def num_seqs(self) -> int:
-        return len(self.context_lens_host)
+        return len(self.query_lens_host)
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +132,24 @@ def build_metadata(batch: AttentionBatch, device: torch.device) -> AttentionMeta
     )
 
 
+def buffer_metadata(buffers: DecodeBuffers, fill: DecodeFill) -> AttentionMetadata:
+    """A filled decode step's metadata as views of the persistent buffers (no new tensors)."""
+    rows = fill.rows
+    return AttentionMetadata(
+        block_size=buffers.block_size,
+        num_decodes=rows,
+        qo_indptr=buffers.qo_indptr[: rows + 1],
+        kv_indptr=buffers.kv_indptr[: rows + 1],
+        kv_indices=buffers.kv_indices[: fill.num_pages],
+        kv_last_page_len=buffers.kv_last_page_len[:rows],
+        context_lens=buffers.context_lens[:rows],
+        slot_mapping=buffers.slot_mapping[:rows],
+        positions=buffers.positions[:rows],
+        query_lens_host=[1] * rows,
+        context_lens_host=fill.context_lens,
+    )
+
+
 class AttentionBackend(Protocol):
     """Contract: ``prepare`` once per step, then ``forward`` in every layer.
 
@@ -140,6 +160,11 @@ class AttentionBackend(Protocol):
     """
 
     def prepare(self, batch: AttentionBatch, device: torch.device) -> AttentionMetadata: ...
+
+    def prepare_decode(self, buffers: DecodeBuffers, fill: DecodeFill) -> AttentionMetadata:
+        """``prepare`` for a decode-only step already written into ``buffers`` (padded to
+        ``fill.rows``): metadata as views of them, anything derived computed into them."""
+        ...
 
     def forward(
         self,

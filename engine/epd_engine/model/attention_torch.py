@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from epd_engine.model.attention import AttentionBatch, AttentionMetadata, build_metadata
+from epd_engine.model.attention import (
+    AttentionBatch,
+    AttentionMetadata,
+    buffer_metadata,
+    build_metadata,
+)
+from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 
 
 @dataclass(frozen=True)
@@ -35,13 +41,22 @@ class PrefillPlan:
 
 @dataclass
 class TorchAttentionMetadata(AttentionMetadata):
-    write_blocks: torch.Tensor  # [T] int64: page of each new token
-    write_offsets: torch.Tensor  # [T] int64: its offset in the page
     write_rows: torch.Tensor  # [2, T] int64: K and V row of each new token (``flat_rows``)
+    # [T] int64: which token's K/V each write stores; None: its own. Padded rows of a
+    # buffered decode step store the first real row's K/V at that row's slot.
+    write_src: torch.Tensor | None
     decode_pages: torch.Tensor | None  # [Sd, P] int64, padded with page 0 (masked out)
     decode_rows: torch.Tensor | None  # [2, Sd * P * block_size] int64: K and V rows to gather
     decode_mask: torch.Tensor | None  # [Sd, 1, 1, P * block_size] bool
     prefills: list[PrefillPlan]
+
+    @property
+    def write_blocks(self) -> torch.Tensor:  # [T] int64: page of each new token
+        return torch.div(self.slot_mapping, self.block_size, rounding_mode="floor")
+
+    @property
+    def write_offsets(self) -> torch.Tensor:  # [T] int64: its offset in the page
+        return self.slot_mapping % self.block_size
 
 
 def flat_rows(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -64,9 +79,12 @@ def write_kv_cache(
     v: torch.Tensor,  # [T, Hkv, D]
     kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
     rows: torch.Tensor,  # [2, T] int64 K and V rows (``kv_rows``)
+    src: torch.Tensor | None = None,  # [T] int64: token whose K/V each row stores
 ) -> None:
     """Store this step's K/V at their pages and offsets (two ``index_copy_``)."""
     flat = flat_rows(kv_cache)
+    if src is not None:
+        k, v = k.index_select(0, src), v.index_select(0, src)
     flat.index_copy_(0, rows[0], k.to(kv_cache.dtype))
     flat.index_copy_(0, rows[1], v.to(kv_cache.dtype))
 
@@ -118,13 +136,36 @@ class TorchPagedAttention:
         write_offsets = base.slot_mapping % block_size
         return TorchAttentionMetadata(
             **vars(base),
-            write_blocks=write_blocks,
-            write_offsets=write_offsets,
             write_rows=kv_rows(write_blocks, write_offsets, block_size),
+            write_src=None,
             decode_pages=decode_pages,
             decode_rows=decode_rows,
             decode_mask=decode_mask,
             prefills=prefills,
+        )
+
+    def prepare_decode(self, buffers: DecodeBuffers, fill: DecodeFill) -> TorchAttentionMetadata:
+        """The decode group's gather rows and mask computed into ``buffers`` (``out=``, no
+        new tensors); the step's page width is that of its longest context."""
+        base = buffer_metadata(buffers, fill)
+        rows, width, block_size = fill.rows, fill.width, buffers.block_size
+        length = width * block_size
+        pages = buffers.decode_pages[: rows * width].view(rows, width)
+        gather = buffers.decode_rows[: 2 * rows * length].view(2, rows, width, block_size)
+        k_rows, v_rows = gather[0], gather[1]
+        torch.mul(pages[:, :, None].expand(rows, width, block_size), 2 * block_size, out=k_rows)
+        k_rows.add_(buffers.in_page)
+        torch.add(k_rows, block_size, out=v_rows)
+        mask = buffers.decode_mask[: rows * length].view(rows, 1, 1, length)
+        torch.lt(buffers.key_pos[:length], base.context_lens[:, None, None, None], out=mask)
+        return TorchAttentionMetadata(
+            **vars(base),
+            write_rows=buffers.write_rows[:, :rows],
+            write_src=buffers.write_src[:rows],
+            decode_pages=pages,
+            decode_rows=gather.view(2, rows * length),
+            decode_mask=mask,
+            prefills=[],
         )
 
     def forward(
@@ -138,7 +179,7 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchPagedAttention needs metadata from its own prepare()")
-        write_kv_cache(k, v, kv_cache, meta.write_rows)
+        write_kv_cache(k, v, kv_cache, meta.write_rows, meta.write_src)
         num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
         gqa = num_q_heads != num_kv_heads
         out = torch.empty_like(q)  # [T, Hq, D]

@@ -15,6 +15,7 @@ from torch import nn
 
 from epd_engine.model.attention import AttentionBackend, AttentionBatch, AttentionMetadata
 from epd_engine.model.attention_torch import TorchPagedAttention
+from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 from epd_engine.model.layers import (
     ClipEncoderLayer,
     ClipVisionEmbeddings,
@@ -163,6 +164,14 @@ class LlavaLanguage(nn.Module):
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         """Once per step: the attention metadata every layer of ``forward`` reads."""
         return self.attention.prepare(batch, self.embed_tokens.weight.device)
+
+    def decode_buffers(self, max_seqs: int, max_pages: int, block_size: int) -> DecodeBuffers:
+        """Persistent decode inputs on this model's device (allocated once, by the runner)."""
+        return DecodeBuffers(max_seqs, max_pages, block_size, self.embed_tokens.weight.device)
+
+    def prepare_decode(self, buffers: DecodeBuffers, fill: DecodeFill) -> AttentionMetadata:
+        """``prepare`` for a decode-only step filled into ``buffers``."""
+        return self.attention.prepare_decode(buffers, fill)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         return self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))

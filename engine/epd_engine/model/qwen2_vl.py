@@ -20,6 +20,7 @@ from torch import nn
 
 from epd_engine.model.attention import AttentionBackend, AttentionBatch, AttentionMetadata
 from epd_engine.model.attention_torch import TorchPagedAttention
+from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 from epd_engine.model.layers import RMSNorm, SwiGLUMLP, activation, apply_rope
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.mrope import Grid, mrope_cos_sin
@@ -315,6 +316,14 @@ class Qwen2VLLanguage(nn.Module):
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         return self.attention.prepare(batch, self.embed_tokens.weight.device)
+
+    def decode_buffers(self, max_seqs: int, max_pages: int, block_size: int) -> DecodeBuffers:
+        """Persistent decode inputs on this model's device (allocated once, by the runner)."""
+        return DecodeBuffers(max_seqs, max_pages, block_size, self.embed_tokens.weight.device)
+
+    def prepare_decode(self, buffers: DecodeBuffers, fill: DecodeFill) -> AttentionMetadata:
+        """``prepare`` for a decode-only step filled into ``buffers``."""
+        return self.attention.prepare_decode(buffers, fill)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         return self.embed_tokens(input_ids.to(self.embed_tokens.weight.device))

@@ -39,6 +39,14 @@ def test_greedy_takes_the_argmax_of_every_row():
     assert [s.token_id for s in out] == [0, 5, 2]
 
 
+def test_greedy_breaks_ties_at_the_first_maximum_as_argmax_does():
+    logits = torch.zeros(3, 40_000)  # long rows: vectorised max kernels work in blocks
+    logits[0, [5, 39_000]] = 3.0
+    logits[1, [31_999, 32_000]] = 3.0
+    out = Sampler(CPU)(logits.clone(), rows(SamplingParams(temperature=0.0), 3))
+    assert [s.token_id for s in out] == [5, 31_999, 0] == logits.argmax(dim=-1).tolist()
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
 def test_temperature_draws_follow_the_scaled_softmax(temperature):
     expected = torch.tensor(LOGITS).div(temperature).softmax(-1).tolist()
