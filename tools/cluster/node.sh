@@ -33,6 +33,10 @@ pause_image=registry.k8s.io/pause:3.10
 cni_bin="${EPD_CNI_BIN:-/usr/lib/cni}"
 kubeconfig="$cluster/kubeconfig"
 images_dir="${EPD_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/epd-operator/images}"
+# containerd's root (the imported images, several GB for the engine) is a cache shared by
+# every checkout, like the archives: a fresh clone does not import again. One node runs at a
+# time (check refuses a second), so they never share it at once.
+store="${EPD_NODE_STORE:-${XDG_CACHE_HOME:-$HOME/.cache}/epd-operator/node-containerd}"
 ctr=(ctr --address "$run/containerd.sock" -n k8s.io)
 # Host paths the kubelet, containerd and the CNI plugins write to whatever they are told.
 host_dirs=(/var/lib/kubelet /var/log/containers /var/log/pods /usr/libexec/kubernetes
@@ -133,10 +137,10 @@ JSON
 }
 
 containerd_up() {
-  mkdir -p "$run" "$dir/containerd"
+  mkdir -p "$run" "$dir/containerd" "$store"
   cat >"$dir/containerd/config.toml" <<TOML
 version = 2
-root = "$dir/containerd/root"
+root = "$store/root"
 state = "$run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
@@ -164,13 +168,17 @@ TOML
 }
 
 import_image() {  # archive: a docker-archive tar into the node's image store (once per build)
-  local stamp="$dir/images/.$(basename "$1").imported" want
+  local stamp="$store/.$(basename "$1").imported" want
   want="$(stat -c '%s %Y' "$1")"
   [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && return 0
   local start=$SECONDS
   "${ctr[@]}" images import "$1" >/dev/null
-  mkdir -p "$dir/images"
   echo "$want" >"$stamp"
+  # The image's previous build is no longer referenced; a lease deleted with --sync runs
+  # containerd's garbage collection now, so its layers do not pile up on the disk.
+  local lease
+  lease="$("${ctr[@]}" leases create | awk '{print $1}')"
+  "${ctr[@]}" leases delete --sync "$lease" >/dev/null
   say "imported $(basename "$1") in $((SECONDS - start)) s"
 }
 
@@ -366,7 +374,7 @@ down() {
     rm -rf "$undo"
   fi
   rm -rf "$run" "$dir/kubelet" "$dir/cni/ipam" "$dir/run"
-  ((purge)) && rm -rf "$dir"
+  ((purge)) && rm -rf "$dir" "$store"
   return 0
 }
 
