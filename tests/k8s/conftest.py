@@ -110,7 +110,7 @@ def cluster() -> Iterator[Cluster]:
         )
     kubeconfig = CLUSTER_DIR / "kubeconfig"
     up = subprocess.run(
-        [str(ROOT / "tools" / "cluster" / "up.sh")], capture_output=True, text=True, timeout=300
+        [str(ROOT / "tools" / "cluster" / "up.sh")], capture_output=True, text=True, timeout=900
     )
     if up.returncode != 0:
         _unavailable(f"tools/cluster/up.sh failed:\n{up.stdout[-3000:]}\n{up.stderr[-3000:]}")
