@@ -106,7 +106,11 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     kv_block_size: int = 16  # tokens per KV page (HydraInfer)
-    num_kv_blocks: int = 512
+    # KV pages; None: 512 on CPU, on CUDA what ``gpu_memory_fraction`` of the card leaves
+    # once the weights are loaded (kv_sizing.py)
+    num_kv_blocks: int | None = None
+    gpu_memory_fraction: float = 0.9  # this instance's share of its GPU (weights + caches)
+    dual_stream: bool = True  # CUDA: encode on its own stream beside the LM (encode_stream.py)
     num_image_blocks: int = 64  # pages of the image-embedding cache, one image per page
     max_num_running: int = 256  # decode concurrency cap
     max_model_len: int | None = None  # defaults to the model's context window
@@ -133,7 +137,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in (
             "kv_block_size",
-            "num_kv_blocks",
             "num_image_blocks",
             "max_num_running",
             "max_request_bytes",
@@ -142,7 +145,12 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("token_budget", "image_budget", "image_token_budget", "max_prompt_tokens"):
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        names = ("num_kv_blocks", "token_budget", "image_budget", "image_token_budget")
+        for name in (*names, "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

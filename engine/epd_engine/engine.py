@@ -10,12 +10,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
+from epd_engine.kv_sizing import CPU_KV_BLOCKS, cuda_memory, kv_block_bytes, kv_blocks_for_memory
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
@@ -87,7 +89,7 @@ class LLMEngine:
         )
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         shape = CacheShape(
-            num_kv_blocks=config.num_kv_blocks,
+            num_kv_blocks=self._num_kv_blocks(language, dtype),
             kv_block_size=config.kv_block_size,
             num_image_blocks=config.num_image_blocks,
             image_block_tokens=self.model_config.image_page_tokens,
@@ -103,6 +105,7 @@ class LLMEngine:
             memory,
             max_decode_seqs=config.max_num_running,
             max_model_len=self.max_model_len,
+            dual_stream=config.dual_stream,
         )
         kv = KVCacheManager(shape.num_kv_blocks, shape.kv_block_size) if language else None
         images = (
@@ -133,6 +136,23 @@ class LLMEngine:
             limits.image_token_budget,
         )
 
+    def _num_kv_blocks(self, language: Any, dtype: torch.dtype) -> int:
+        """The configured page count, else 512 on CPU or this instance's share of its GPU."""
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        if language is None or torch.device(cfg.device).type != "cuda":
+            return CPU_KV_BLOCKS
+        mc = language.config
+        block_bytes = kv_block_bytes(
+            mc.num_layers, cfg.kv_block_size, mc.num_kv_heads, mc.head_dim, dtype
+        )
+        blocks = kv_blocks_for_memory(
+            cuda_memory(torch.device(cfg.device)), block_bytes, cfg.gpu_memory_fraction
+        )
+        log.info("KV cache: %d pages of %d tokens from GPU memory", blocks, cfg.kv_block_size)
+        return blocks
+
     # ---- budgets ----------------------------------------------------------------------
     def _budgets(self) -> tuple[int, int]:
         """Given budgets, or the largest measured batch under alpha x SLO (HydraInfer)."""
@@ -144,7 +164,8 @@ class LLMEngine:
             if self.runner.language is None:
                 token_budget = 1
             else:
-                max_tokens = min(self.max_model_len - 1, cfg.num_kv_blocks * cfg.kv_block_size)
+                kv_tokens = self.runner.shape.num_kv_blocks * cfg.kv_block_size
+                max_tokens = min(self.max_model_len - 1, kv_tokens)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
         image_budget = cfg.image_token_budget
         page_tokens = self.model_config.image_page_tokens

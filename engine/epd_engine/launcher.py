@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from epd_engine.config import internal_token, internal_token_set
+from epd_engine.gpu_placement import GpuSlots, visible_gpus
 from epd_engine.plan import Plan
 
 
@@ -35,6 +36,7 @@ class InstanceSpec:
     pool: str
     port: int
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # e.g. its GPU
 
 
 @dataclass
@@ -51,6 +53,7 @@ class LaunchSpec:
     slo_attainment: float = 0.9
     dtype: str = "float32"
     device: str = "cpu"
+    gpu_memory_fraction: float = 0.9  # split between instances that share a GPU
     engine_args: list[str] = field(default_factory=list)
     instance_env: dict[str, str] = field(default_factory=dict)  # e.g. EPD_* settings
     instance_timeout_s: float = 3.0  # router drops an instance after this much silence
@@ -88,6 +91,12 @@ def pool_name(deployment: str, role: str) -> str:
 
 
 def instances(spec: LaunchSpec) -> list[InstanceSpec]:
+    slots = None
+    if spec.device != "cpu":
+        import torch
+
+        gpus = visible_gpus(os.environ, torch.cuda.device_count)
+        slots = GpuSlots(gpus, spec.plan.num_instances, spec.gpu_memory_fraction)
     out = []
     for role, count in spec.plan.pools.items():
         pool = pool_name(spec.name, role.value)
@@ -113,9 +122,14 @@ def instances(spec: LaunchSpec) -> list[InstanceSpec]:
             if budgets is not None:
                 args += ["--token-budget", str(budgets.token_budget)]
                 args += ["--image-budget", str(budgets.image_budget)]
-            out.append(
-                InstanceSpec(f"{pool}-{index}", role.value, pool, port, args + spec.engine_args)
-            )
+            name = f"{pool}-{index}"
+            args += spec.engine_args
+            env: dict[str, str] = {}
+            if slots is not None:
+                placement = slots.acquire(name)
+                args += placement.args()
+                env = placement.env()
+            out.append(InstanceSpec(name, role.value, pool, port, args, env))
     return out
 
 
@@ -204,7 +218,7 @@ class LocalSystem:
         self._start("router", router_args(self.spec))
         self.planned = instances(self.spec)
         for instance in self.planned:
-            self._start(instance.name, instance.args, self.spec.instance_env)
+            self._start(instance.name, instance.args, {**self.spec.instance_env, **instance.env})
         self.write_state()
         return self.planned
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
@@ -45,10 +46,12 @@ class ModelRunner:
         memory: CacheMemory | None = None,
         max_decode_seqs: int | None = None,
         max_model_len: int | None = None,
+        dual_stream: bool = True,
     ) -> None:
         """``max_decode_seqs`` and ``max_model_len`` (both or neither): size the persistent
         decode buffers for that many decodes of that many tokens; without them every step
-        builds its inputs afresh."""
+        builds its inputs afresh. ``dual_stream``: on CUDA, an instance with both a vision
+        tower and a language model encodes on a stream of its own (encode_stream.py)."""
         self.vision = vision
         self.language = language
         self.shape = shape
@@ -68,6 +71,9 @@ class ModelRunner:
                 dtype,
             )
         self.sampler = Sampler(self.device)
+        self.encode_stream = EncodeStream(
+            self.device, dual_stream and vision is not None and language is not None
+        )
         self.decode_buffers: DecodeBuffers | None = None
         if language is not None and max_decode_seqs and not language.config.uses_mrope:
             if not max_model_len:
@@ -85,9 +91,12 @@ class ModelRunner:
         if not tasks:
             return
         assert self.vision is not None and self.image_cache is not None
-        embeds = self.vision.encode_images([p.to(self.device, self.dtype) for p in pixels])
-        for task, embed in zip(tasks, embeds, strict=True):
-            self.write_image(task.blocks, embed[: task.num_tokens])
+        with self.encode_stream.encoding():
+            batch = [p.to(self.device, self.dtype, non_blocking=True) for p in pixels]
+            embeds = self.vision.encode_images(batch)
+            for task, embed in zip(tasks, embeds, strict=True):
+                self.write_image(task.blocks, embed[: task.num_tokens])
+            self.encode_stream.wrote([b for task in tasks for b in task.blocks])
 
     def write_image(self, blocks: list[int], embed: torch.Tensor) -> None:
         """Scatter one image's rows ``[num_tokens, H]`` over its pages."""
@@ -132,6 +141,7 @@ class ModelRunner:
         start = 0
         for task in tasks:
             for piece in task.image_slices:
+                self.encode_stream.before_read(piece.blocks)
                 image = self.read_image(piece.blocks)
                 rows = image[piece.src_start : piece.src_start + piece.num_tokens]
                 dst = start + piece.dst_start
@@ -198,18 +208,23 @@ class ModelRunner:
         layer_written: LayerWritten | None = None,
         rope_of: Mapping[str, MRopeState] | None = None,
     ) -> dict[str, SampledToken]:
-        """Run one iteration: encodes first (their pages are read next iteration), then tokens."""
+        """Run one iteration: encodes (their pages are read next iteration; on CUDA beside
+        the tokens, on a stream of their own), then tokens. Returns once both are done."""
         self.encode(out.encodes, pixels)
-        tasks = out.token_tasks
-        if not tasks:
-            return {}
-        hidden = self.forward(tasks, layer_written, rope_of)
-        sampling = [t for t in tasks if t.sample]
-        rows = [
-            SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens) for t in sampling
-        ]
-        tokens = self.sample(hidden, rows)
-        return {t.request_id: token for t, token in zip(sampling, tokens, strict=True)}
+        try:
+            tasks = out.token_tasks
+            if not tasks:
+                return {}
+            hidden = self.forward(tasks, layer_written, rope_of)
+            sampling = [t for t in tasks if t.sample]
+            rows = [
+                SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens)
+                for t in sampling
+            ]
+            tokens = self.sample(hidden, rows)
+            return {t.request_id: token for t, token in zip(sampling, tokens, strict=True)}
+        finally:
+            self.encode_stream.finish()
 
 
 def _mrope_positions(tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> torch.Tensor:

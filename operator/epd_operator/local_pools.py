@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from epd_engine.config import Role
+from epd_engine.gpu_placement import GpuSlots
 from epd_operator.loop import ObservedPool
 from epd_operator.resources import PoolSpec
 
@@ -35,6 +36,7 @@ class LocalEngines:
     device: str = "cpu"
     dtype: str = "float32"
     host: str = "127.0.0.1"
+    gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
 
 
 @dataclass
@@ -89,11 +91,13 @@ class LocalPools:
         pool = self.pools.pop(name, None)
         if pool is not None:
             self._stop([r.popen for r in pool.replicas])
+            self._release([r.instance_id for r in pool.replicas])
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def stop_all(self) -> None:
         self._stop([r.popen for pool in self.pools.values() for r in pool.replicas])
+        self._release([r.instance_id for pool in self.pools.values() for r in pool.replicas])
         self.pools.clear()
 
     def dead(self) -> list[str]:
@@ -139,6 +143,11 @@ class LocalPools:
             "--log-level", "warning",
             *e.engine_args,
         ]  # fmt: skip
+        env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
+        if e.gpu_slots is not None:
+            placement = e.gpu_slots.acquire(instance_id)
+            args += placement.args()
+            env |= placement.env()
         log = e.run_dir / "logs" / f"{instance_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
@@ -146,9 +155,14 @@ class LocalPools:
                 [sys.executable, "-m", "epd_engine", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "EPD_INTERNAL_TOKEN": e.token},
+                env=env,
                 start_new_session=True,
             )
+
+    def _release(self, instance_ids: list[str]) -> None:
+        if self.engines.gpu_slots is not None:
+            for instance_id in instance_ids:
+                self.engines.gpu_slots.release(instance_id)
 
     def _stop(self, popens: list[subprocess.Popen[bytes]]) -> None:
         for popen in popens:

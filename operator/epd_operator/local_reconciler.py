@@ -34,7 +34,7 @@ def engine_args(spec: EPDDeploymentSpec) -> tuple[str, ...]:
     e = spec.engine
     return (
         "--kv-block-size", str(e.kv_block_size),
-        "--num-kv-blocks", str(e.num_kv_blocks),
+        *e.kv_cache_args(),
         "--num-image-blocks", str(e.num_image_blocks),
         "--transfer-backend", e.transfer_backend,
         "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",

@@ -23,9 +23,10 @@ from typing import Any
 
 import httpx
 
+from epd_engine.gpu_placement import GpuSlots, visible_gpus
 from epd_operator.local_pools import LocalEngines
 from epd_operator.local_reconciler import LocalReconciler, LocalStatus, engine_args
-from epd_operator.spec import EPDDeployment, ManifestError
+from epd_operator.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
 
 MANIFEST = "manifest.yaml"
 _GENERATION = "# epdctl-generation: "
@@ -98,6 +99,7 @@ class LocalRun:
         engines = LocalEngines(
             opts.model_dir, opts.model_name, self.router_url, opts.run_dir, self.token,
             engine_args(self.spec), opts.device, opts.dtype,
+            gpu_slots=_gpu_slots(opts.device, self.spec),
         )  # fmt: skip
         self.reconciler = LocalReconciler(opts.name, engines, _log)
         self.status: LocalStatus | None = None
@@ -238,3 +240,14 @@ class LocalRun:
                 os.killpg(self.router.pid, signal.SIGKILL)
                 self.router.wait()
         (self.opts.run_dir / "state.json").unlink(missing_ok=True)
+
+
+def _gpu_slots(device: str, spec: EPDDeploymentSpec) -> GpuSlots | None:
+    """On CUDA, GPUs for up to twice the budget's instances: during a switch the old and the
+    new pools run side by side."""
+    if device == "cpu":
+        return None
+    import torch
+
+    gpus = visible_gpus(os.environ, torch.cuda.device_count)
+    return GpuSlots(gpus, 2 * spec.gpu_budget, spec.engine.gpu_memory_fraction)

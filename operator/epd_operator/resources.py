@@ -280,7 +280,7 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
         "--dtype", spec.model.dtype,
         "--device", "cuda" if engine.gpus_per_instance > 0 else "cpu",
         "--kv-block-size", str(engine.kv_block_size),
-        "--num-kv-blocks", str(engine.num_kv_blocks),
+        *engine.kv_cache_args(),
         "--num-image-blocks", str(engine.num_image_blocks),
         "--served-model-name", spec.model.name,
         "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",

@@ -293,7 +293,15 @@ class EngineSpec(_Model):
         description="0 runs the engine on CPU; the engine uses one device (no tensor parallelism).",
     )
     kv_block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV page.")
-    num_kv_blocks: int = Field(default=512, ge=1)
+    num_kv_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="KV cache pages per instance; unset: 512 on CPU, on a GPU what "
+        "gpuMemoryFraction of the card leaves once the weights are loaded.",
+    )
+    gpu_memory_fraction: float = Field(
+        default=0.9, gt=0, le=1, description="Share of its GPU an instance may use."
+    )
     num_image_blocks: int = Field(
         default=64, ge=1, description="Pages of the image-embedding cache."
     )
@@ -306,6 +314,11 @@ class EngineSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=MAX_LIST_ITEMS)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
     extra_args: list[str] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+
+    def kv_cache_args(self) -> list[str]:
+        """``epdctl serve`` flags for the KV cache's size (unset: the engine sizes it)."""
+        pages = [] if self.num_kv_blocks is None else ["--num-kv-blocks", str(self.num_kv_blocks)]
+        return [*pages, "--gpu-memory-fraction", f"{self.gpu_memory_fraction:g}"]
 
 
 class RouterSpec(_Model):

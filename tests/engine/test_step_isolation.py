@@ -158,7 +158,7 @@ async def test_a_request_the_step_cannot_take_fails_alone(
     assert failing[0].num_tokens > len(bad_prompt.token_ids)  # the good ones were in it
     assert not engine.engine.scheduler.requests  # nothing left holding pages
     assert engine.engine.scheduler.kv is not None
-    assert engine.engine.scheduler.kv.pool.num_free == engine.engine.config.num_kv_blocks
+    assert engine.engine.scheduler.kv.pool.num_free == engine.engine.runner.shape.num_kv_blocks
 
 
 async def test_a_request_whose_output_cannot_be_decoded_fails_alone(

@@ -26,7 +26,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", default="local", help="pool name (metrics label, router registration)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache pages (default: 512 on CPU; on CUDA, what --gpu-memory-fraction of "
+        "the GPU leaves once the weights are loaded)",
+    )
+    p.add_argument(
+        "--no-dual-stream",
+        dest="dual_stream",
+        action="store_false",
+        help="on CUDA, run encodes before the language-model step instead of beside it",
+    )
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=0.9,
+        help="share of its GPU this instance may use for weights and caches (epdctl up "
+        "splits it between instances placed on one GPU)",
+    )
     p.add_argument("--kv-block-size", type=int, default=16)
     p.add_argument("--num-image-blocks", type=int, default=64)
     p.add_argument(
@@ -111,6 +130,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             dtype=args.dtype,
             kv_block_size=args.kv_block_size,
             num_kv_blocks=args.num_kv_blocks,
+            gpu_memory_fraction=args.gpu_memory_fraction,
+            dual_stream=args.dual_stream,
             num_image_blocks=args.num_image_blocks,
             token_budget=args.token_budget,
             image_budget=args.image_budget,

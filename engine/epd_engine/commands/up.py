@@ -107,11 +107,11 @@ def run_up(args: argparse.Namespace) -> int:
         slo_attainment=slo.attainment,
         dtype="float32" if args.device == "cpu" else spec.model.dtype,
         device=args.device,
+        gpu_memory_fraction=spec.engine.gpu_memory_fraction,
         engine_args=[
             "--kv-block-size",
             str(spec.engine.kv_block_size),
-            "--num-kv-blocks",
-            str(spec.engine.num_kv_blocks),
+            *spec.engine.kv_cache_args(),
             "--num-image-blocks",
             str(spec.engine.num_image_blocks),
             "--transfer-backend",

@@ -36,13 +36,13 @@ def prompt_embeddings(
     pixel_values: torch.Tensor | None,  # [N, 3, S, S]
 ) -> torch.Tensor:  # [T, H]
     """Token embeddings with every ``<image>`` placeholder replaced by image embeddings."""
-    ids = torch.tensor(input_ids, dtype=torch.long)
+    ids = torch.tensor(input_ids, dtype=torch.long, device=language.embed_tokens.weight.device)
     embeds = language.embed(ids)  # [T, H]
     if pixel_values is None:
         return embeds
     if vision is None:
         raise ValueError("pixel_values given but no vision model")
-    image_embeds = vision(pixel_values).flatten(0, 1)  # [N * I, H]
+    image_embeds = vision(pixel_values.to(embeds.device, embeds.dtype)).flatten(0, 1)  # [N * I, H]
     return scatter_image_embeddings(
         embeds, ids, image_embeds.to(embeds.device), language.config.image_token_index
     )
@@ -80,5 +80,5 @@ def greedy_generate(
         if token in config.eos_token_ids:
             break
         num_cached += num_new
-        embeds = language.embed(torch.tensor([token]))  # [1, H]
+        embeds = language.embed(torch.tensor([token], device=device))  # [1, H]
     return new_tokens

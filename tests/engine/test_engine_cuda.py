@@ -1,0 +1,85 @@
+"""The engine on a GPU: batched text and image requests give the CPU's greedy tokens, with
+the vision tower on its own stream or in line (needs a GPU).
+
+float32 on both sides with TF32 off, so the only differences left are kernel summation
+order; a token that differs means paging, decode buffers, the sampler or the encode/prefill
+ordering across streams is wrong on CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from epd_engine.config import EngineConfig, Role
+from epd_engine.engine import LLMEngine
+from epd_engine.images import LoadedImage
+from epd_engine.processor import InputProcessor, PreparedPrompt
+from epd_engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def prompts(model_dir: Path, engine: LLMEngine) -> dict[str, PreparedPrompt]:
+    processor = InputProcessor(model_dir, engine.model_config)
+    out = {}
+    for i, text in enumerate(["hello there", "the quick brown fox jumps", "a"]):
+        content = [{"type": "text", "text": text}]
+        out[f"text-{i}"] = processor.prepare([{"role": "user", "content": content}], [])
+    for i in range(3):
+        image = Image.new("RGB", (48 + 8 * i, 40), (40 + 70 * i, 200 - 50 * i, 90))
+        digest = hashlib.sha256(image.tobytes()).hexdigest()
+        content = [{"type": "image"}, {"type": "text", "text": "what is this?"}]
+        loaded = LoadedImage(image, digest, image.width, image.height)
+        out[f"image-{i}"] = processor.prepare([{"role": "user", "content": content}], [loaded])
+    return out
+
+
+def run(model_dir: Path, device: str, dual_stream: bool = True) -> dict[str, list[int]]:
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=model_dir, role=Role.EPD, device=device, token_budget=4096,
+            image_budget=2, num_kv_blocks=256, dual_stream=dual_stream,
+        )
+    )  # fmt: skip
+    for rid, prompt in prompts(model_dir, engine).items():
+        engine.add_request(rid, prompt, GREEDY, frozenset())
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        events, _ = engine.step()
+        for event in events:
+            if event.new_token_id is not None:
+                tokens.setdefault(event.request_id, []).append(event.new_token_id)
+    return tokens
+
+
+@pytest.fixture(autouse=True)
+def exact_float32() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # the CLIP patch embedding is a convolution
+
+
+def test_cuda_engine_matches_cpu_engine(tiny_model_dir: Path) -> None:
+    cpu = run(tiny_model_dir, "cpu")
+    assert len(cpu) == 6 and all(len(t) == GREEDY.max_tokens for t in cpu.values())
+    assert run(tiny_model_dir, "cuda", dual_stream=True) == cpu
+    assert run(tiny_model_dir, "cuda", dual_stream=False) == cpu
+
+
+def test_kv_cache_sized_from_gpu_memory(tiny_model_dir: Path) -> None:
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=tiny_model_dir, role=Role.PD, device="cuda", token_budget=64,
+            gpu_memory_fraction=0.05,
+        )
+    )  # fmt: skip
+    blocks = engine.runner.shape.num_kv_blocks
+    cache_bytes = sum(t.numel() * t.element_size() for t in engine.runner.kv_caches)
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert blocks > 512  # far more than the CPU default on any datacenter GPU
+    assert cache_bytes <= 0.05 * total
