@@ -37,7 +37,7 @@ def test_two_instances_sharing_a_gpu_split_it() -> None:
 
 def test_too_small_a_share_is_a_clear_error() -> None:
     memory = GpuMemory(total_bytes=24 * GIB, free_bytes=24 * GIB, held_bytes=14 * GIB)
-    with pytest.raises(ValueError, match="only 0 KV pages fit.*--gpu-memory-fraction"):
+    with pytest.raises(ValueError, match=r"only 0 KV pages fit.*--gpu-memory-fraction"):
         kv_blocks_for_memory(memory, 8 << 20, memory_fraction=0.5)
     with pytest.raises(ValueError, match="memory fraction"):
         kv_blocks_for_memory(memory, 8 << 20, memory_fraction=1.5)
