@@ -128,6 +128,11 @@ bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to mem
 
 .PHONY: bench-transfer
 
+bench-gpu: venv ## GPU only: LLaVA-1.5-7B shapes, decode vs HBM floor, prefill, encode, dual stream (JSON)
+	$(EPDCTL) bench-gpu --out benchmarks/results/gpu.json
+
+.PHONY: bench-gpu
+
 demo-loop: venv model ## The loop closes on its own: epdctl up (Auto), text-heavy then image-heavy traffic, re-plans by itself (PNG timeline + JSON)
 	$(PY) -m epd_operator.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png
 
