@@ -1,5 +1,11 @@
-"""Persistent decode buffers: padded decode steps give exactly the unpadded results, and
-every step's inputs and metadata are views of buffers allocated once."""
+"""Persistent decode buffers: padded decode steps give the unpadded results, and every
+step's inputs and metadata are views of buffers allocated once.
+
+"The same" is the same tokens and values equal to float32 rounding, not bit for bit: a
+matrix product's row can depend on how many rows the batch has (the BLAS picks its blocking
+by shape). On an AMD EPYC with MKL, 4 padded rows against 3 gave logits 6e-6 apart (of 17)
+and caches 1e-6 apart; a padded row leaking into a real one moves them by whole units.
+"""
 
 from __future__ import annotations
 
@@ -84,7 +90,7 @@ def test_padded_decodes_match_unpadded_exactly(language):
     ref_tokens, ref_logits = generate(runner(language, buffered=False), 8)
     assert tokens == ref_tokens
     for got, want in zip(logits, ref_logits, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_padded_decodes_match_the_reference_loop(language):
@@ -100,7 +106,7 @@ def test_padded_rows_leave_the_cache_as_unpadded(language):
     generate(padded, 5)
     generate(plain, 5)
     for got, want in zip(padded.kv_caches, plain.kv_caches, strict=True):
-        assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def storages(meta: TorchAttentionMetadata) -> set[int]:
