@@ -92,8 +92,9 @@ class ModelRunner:
                 getattr(language.attention, "graph_safe", False),
                 self.decode_buffers is not None,
             )
-            if reason is not None:
-                log.info("decode CUDA graphs off: %s", reason)
+            if reason is not None:  # news on a GPU; the normal case on a CPU
+                level = logging.INFO if self.device.type == "cuda" else logging.DEBUG
+                log.log(level, "decode CUDA graphs off: %s", reason)
             else:
                 assert self.decode_buffers is not None
                 buckets = graph_buckets(self.decode_buffers.sizes)

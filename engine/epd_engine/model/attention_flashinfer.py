@@ -39,6 +39,9 @@ from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-k)
 KV_LAYOUT = "NHD"  # the cache's [block, Hkv, D] order
+# FlashInfer's FA2 prefill kernels on every GPU generation: one quick JIT build. ("auto"
+# picks FA3 on Hopper, faster for long prefills but minutes more of JIT build: measure first.)
+PREFILL_BACKEND = "fa2"
 
 
 def import_flashinfer() -> Any:
@@ -86,7 +89,7 @@ class FlashInferAttention:
             self.workspace, KV_LAYOUT, use_tensor_cores=self.tensor_core_decode
         )
         self.prefill = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, KV_LAYOUT
+            self.workspace, KV_LAYOUT, backend=PREFILL_BACKEND
         )
         self._graph_decode: dict[int, Any] = {}  # padded batch size -> CUDA-graph wrapper
         self._graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None

@@ -117,8 +117,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
-        assert kv_layout == "NHD"
+    def __init__(
+        self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", backend: str = "auto"
+    ) -> None:
+        assert kv_layout == "NHD" and backend in ("auto", "fa2", "fa3")
         super().__init__(False, None, None, None)
 
     def plan(self, **kwargs: Any) -> None:

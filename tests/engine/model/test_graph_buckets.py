@@ -62,7 +62,7 @@ def test_graphs_off_reason(args, why):
 
 def test_a_cpu_runner_asked_for_graphs_runs_eagerly(language, caplog):
     shape = CacheShape(16, 4, 1, 1, language.config.hidden_size)
-    with caplog.at_level(logging.INFO, logger="epd_engine.runner"):
+    with caplog.at_level(logging.DEBUG, logger="epd_engine.runner"):
         runner = ModelRunner(
             None, language, shape, torch.float32, "cpu", False,
             max_decode_seqs=4, max_model_len=32, cuda_graphs=True,
