@@ -83,7 +83,8 @@ class FlashInferAttention:
         self.device = torch.device(device)
         # one workspace for every wrapper: their runs are sequential on one stream
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
-        # vLLM's rule: tensor-core decode (the prefill kernel) pays off for GQA groups >= 4
+        # vLLM's rule: tensor-core decode (the prefill kernel) pays off for GQA groups >= 4;
+        # the CUDA-core decode kernel is only built for groups 1, 2, 3, 4 and 8 anyway
         self.tensor_core_decode = num_qo_heads // num_kv_heads >= 4
         self.decode = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, KV_LAYOUT, use_tensor_cores=self.tensor_core_decode

@@ -69,3 +69,22 @@ def test_a_cpu_runner_asked_for_graphs_runs_eagerly(language, caplog):
         )  # fmt: skip
     assert runner.graphs is None and runner.decode_buffers is not None
     assert any("CUDA graphs off: device type cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_graphs_refuse_a_backend_that_is_not_graph_safe_and_unknown_buckets(language):
+    from epd_engine.model.decode_graphs import DecodeGraphs
+    from epd_engine.model.input_buffers import DecodeBuffers
+
+    buffers = DecodeBuffers(4, 8, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="cannot run in a CUDA graph"):
+        DecodeGraphs(language, buffers, [], (1, 2, 4))
+
+    class GraphSafe:
+        graph_safe = True
+
+    class Model:
+        attention = GraphSafe()
+
+    with pytest.raises(ValueError, match=r"buckets \[3\]"):
+        DecodeGraphs(Model(), buffers, [], (1, 3))
+    assert DecodeGraphs(Model(), buffers, [], (1, 2, 4)).buckets == (1, 2, 4)
