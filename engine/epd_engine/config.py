@@ -79,6 +79,9 @@ class Method(enum.StrEnum):
         return next(role for role in self.roles if role.runs(stage))
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+
+
 @dataclass(frozen=True)
 class SLO:
     """Latency objectives. A request meets them when TTFT <= ttft_s and p90 TPOT <= tpot_s."""
@@ -124,6 +127,12 @@ class EngineConfig:
     max_image_bytes: int = 20 * 1024 * 1024
     slo: SLO = field(default_factory=SLO)
     budget_alpha: float = 0.5  # iteration must stay under alpha * TTFT (or TPOT when decoding)
+    # attention kernels: auto (FlashInfer on CUDA when it can run, else torch SDPA), torch,
+    # flashinfer (model/attention_select.py)
+    attention_backend: str = "auto"
+    # capture the decode forward in CUDA graphs per padded batch size; used only on CUDA
+    # with a graph-safe attention backend (FlashInfer), ignored elsewhere (model/decode_graphs.py)
+    cuda_graphs: bool = True
     cpu_threads: int = (
         1  # per instance; several instances share the cores, oversubscribing is 20x slower
     )
@@ -158,6 +167,11 @@ class EngineConfig:
             raise ValueError(
                 "give image_budget (images of one cache page) or image_token_budget (tokens), "
                 "not both"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
             )
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")

@@ -18,6 +18,7 @@ from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.kv_sizing import CPU_KV_BLOCKS, cuda_memory, kv_block_bytes, kv_blocks_for_memory
+from epd_engine.model.attention_select import make_attention_backend, select_attention_backend
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
@@ -84,9 +85,14 @@ class LLMEngine:
         role = config.role
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         vision = load_vision(config.model_dir, dtype, config.device) if role.needs_vision else None
-        language = (
-            load_language(config.model_dir, dtype, config.device) if role.needs_language else None
-        )
+        language = None
+        if role.needs_language:
+            mc = self.model_config
+            backend = select_attention_backend(
+                config.device, config.attention_backend, dtype, mc.head_dim
+            )
+            attention = make_attention_backend(backend, mc, dtype, config.device)
+            language = load_language(config.model_dir, dtype, config.device, attention)
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         shape = CacheShape(
             num_kv_blocks=self._num_kv_blocks(language, dtype),
@@ -106,6 +112,7 @@ class LLMEngine:
             max_decode_seqs=config.max_num_running,
             max_model_len=self.max_model_len,
             dual_stream=config.dual_stream,
+            cuda_graphs=config.cuda_graphs,
         )
         kv = KVCacheManager(shape.num_kv_blocks, shape.kv_block_size) if language else None
         images = (

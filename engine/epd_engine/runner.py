@@ -7,6 +7,7 @@ cache ``[num_image_blocks, image_block_tokens, hidden]``.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ import torch
 
 from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBatch
+from epd_engine.model.decode_graphs import DecodeGraphs
+from epd_engine.model.graph_buckets import graph_buckets, graph_or_eager, graphs_off_reason
 from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
@@ -23,6 +26,8 @@ from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.transfer.backend import CacheRegions
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,15 @@ class ModelRunner:
         max_decode_seqs: int | None = None,
         max_model_len: int | None = None,
         dual_stream: bool = True,
+        cuda_graphs: bool = False,
     ) -> None:
         """``max_decode_seqs`` and ``max_model_len`` (both or neither): size the persistent
         decode buffers for that many decodes of that many tokens; without them every step
         builds its inputs afresh. ``dual_stream``: on CUDA, an instance with both a vision
-        tower and a language model encodes on a stream of its own (encode_stream.py)."""
+        tower and a language model encodes on a stream of its own (encode_stream.py).
+        ``cuda_graphs``: capture the decode forward per padded batch size
+        (``model/decode_graphs.py``) where the device is CUDA and the attention backend is
+        graph-safe (FlashInfer); elsewhere it is ignored, with a log line."""
         self.vision = vision
         self.language = language
         self.shape = shape
@@ -82,6 +91,22 @@ class ModelRunner:
             self.decode_buffers = language.decode_buffers(
                 max_decode_seqs, max_pages, shape.kv_block_size
             )
+        self.graphs: DecodeGraphs | None = None
+        if language is not None and cuda_graphs:
+            reason = graphs_off_reason(
+                cuda_graphs,
+                self.device.type,
+                getattr(language.attention, "graph_safe", False),
+                self.decode_buffers is not None,
+            )
+            if reason is not None:  # news on a GPU; the normal case on a CPU
+                level = logging.INFO if self.device.type == "cuda" else logging.DEBUG
+                log.log(level, "decode CUDA graphs off: %s", reason)
+            else:
+                assert self.decode_buffers is not None
+                buckets = graph_buckets(self.decode_buffers.sizes)
+                self.graphs = DecodeGraphs(language, self.decode_buffers, self.kv_caches, buckets)
+                self.graphs.capture()
 
     # ---- encode -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -180,9 +205,17 @@ class ModelRunner:
             [t.start_position + 1 for t in tasks],
             [t.block_table for t in tasks],
         )
-        meta = self.language.prepare_decode(buffers, fill)  # once per step, views of buffers
-        embeds = self.language.embed(buffers.input_ids[: fill.rows])  # [rows, H]
-        hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
+        graphs = self.graphs
+        bucket = None
+        if graphs is not None:
+            bucket = graph_or_eager(len(tasks), graphs.buckets, True, layer_written is not None)
+        if graphs is not None and bucket is not None:
+            assert bucket == fill.rows, (bucket, fill.rows)  # buckets are the buffers' sizes
+            hidden = graphs.replay(fill)  # [rows, H], overwritten by the next replay
+        else:
+            meta = self.language.prepare_decode(buffers, fill)  # once per step, buffer views
+            embeds = self.language.embed(buffers.input_ids[: fill.rows])  # [rows, H]
+            hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
         if all(t.sample for t in tasks):
             return hidden[: fill.num_seqs]
         return hidden[[i for i, t in enumerate(tasks) if t.sample]]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from epd_engine.cli import UserError
-from epd_engine.config import SLO, EngineConfig, Role, internal_token_set
+from epd_engine.config import ATTENTION_BACKENDS, SLO, EngineConfig, Role, internal_token_set
 from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 
@@ -26,6 +26,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", default="local", help="pool name (metrics label, router registration)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=ATTENTION_BACKENDS,
+        help="auto: FlashInfer on CUDA when it is installed and fits the model, else torch SDPA",
+    )
+    p.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="run decode steps eagerly (graphs are only used on CUDA with FlashInfer)",
+    )
     p.add_argument(
         "--num-kv-blocks",
         type=int,
@@ -128,6 +140,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             served_model_name=args.served_model_name,
             device=args.device,
             dtype=args.dtype,
+            attention_backend=args.attention_backend,
+            cuda_graphs=args.cuda_graphs,
             kv_block_size=args.kv_block_size,
             num_kv_blocks=args.num_kv_blocks,
             gpu_memory_fraction=args.gpu_memory_fraction,

@@ -97,6 +97,10 @@ def _gather(kv_cache: torch.Tensor, pages: torch.Tensor, length: int, index: int
 class TorchPagedAttention:
     """``AttentionBackend`` with torch ops only (see ``attention.AttentionBackend``)."""
 
+    # Not capturable in a CUDA graph: the decode gather is as wide as the step's longest
+    # context, so shapes change from step to step (model/graph_buckets.py).
+    graph_safe = False
+
     def prepare(self, batch: AttentionBatch, device: torch.device) -> TorchAttentionMetadata:
         base = build_metadata(batch, device)
         block_size = batch.block_size
