@@ -33,7 +33,7 @@ def main() -> int:
         torch.cuda.synchronize()
         print(f"decode {dtype}: {time.perf_counter() - start:.1f} s", flush=True)
         start = time.perf_counter()
-        prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
         qo = torch.tensor([0, pages * page], dtype=torch.int32, device="cuda")
         prefill.plan(qo, indptr, indices, last, heads, heads, head_dim, page, causal=True,
                      q_data_type=dtype)  # fmt: skip

@@ -2,7 +2,8 @@
 flashinfer package; the first run JIT-builds FlashInfer's kernels with nvcc).
 
 The tiny checkpoint's head size (16) is outside FlashInfer's kernels (64, 128, 256), so the
-greedy parity runs the tiny-llava language model widened to head_dim 64, random weights.
+greedy parity runs the tiny-llava language model widened to head_dim 128, random weights
+(every test here uses head size 128, so the JIT builds one decode and one prefill module).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def random_batch(rng: random.Random, num_blocks: int) -> AttentionBatch:
     return AttentionBatch(q_lens, ctx_lens, tables, BS)
 
 
-@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 64), (32, 32, 128)])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(4, 2, 128), (32, 32, 128)])
 @pytest.mark.parametrize("seed", range(4))
 def test_mixed_batches_match_the_torch_backend(hq, hkv, d, seed):
     rng = random.Random(seed)
@@ -100,7 +101,7 @@ def test_mixed_batches_match_the_torch_backend(hq, hkv, d, seed):
 
 
 def test_graph_captured_decode_attention_matches_the_torch_backend():
-    hq, hkv, d = 4, 2, 64
+    hq, hkv, d = 4, 2, 128
     buffers = DecodeBuffers(8, 32, BS, CUDA)
     fi, ref = flashinfer_backend(hq, hkv, d), TorchPagedAttention()
     cache = torch.randn(200, 2, BS, hkv, d, device=CUDA, dtype=FP16)
@@ -146,7 +147,7 @@ def test_graph_captured_decode_attention_matches_the_torch_backend():
 
 def wide_tiny_config() -> LlavaModelConfig:
     raw = TINY_LLAVA.hf_config("float16")
-    raw["text_config"].update(hidden_size=256, intermediate_size=512)  # 4 heads of 64
+    raw["text_config"].update(hidden_size=512, intermediate_size=1024)  # 4 heads of 128
     return LlavaModelConfig.from_dict(raw)
 
 
@@ -205,7 +206,7 @@ def test_greedy_tokens_match_with_flashinfer_and_cuda_graphs():
     state = reference.state_dict()
     runs = {}
     for name, graphs in (("flashinfer", False), ("flashinfer+graphs", True)):
-        language = LlavaLanguage(config, flashinfer_backend(4, 2, 64))
+        language = LlavaLanguage(config, flashinfer_backend(4, 2, 128))
         language.load_state_dict(state)
         runner = make_runner(language.to(CUDA, FP16).eval(), graphs)
         assert (runner.graphs is not None) == graphs
