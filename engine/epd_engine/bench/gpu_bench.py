@@ -23,6 +23,8 @@ from torch import nn
 from epd_engine.bench.gpu_timing import Timing, copy_bandwidth, matmul_flops, time_cuda
 from epd_engine.config import Stage
 from epd_engine.encode_stream import EncodeStream
+from epd_engine.model.attention import AttentionBackend
+from epd_engine.model.attention_select import make_attention_backend, select_attention_backend
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import PRESETS
@@ -44,16 +46,17 @@ class GpuBenchConfig:
     dual_images: int = 4  # images encoded beside a batch-64 decode
     runs: int = 20
     device: str = "cuda"  # "cpu": the smoke test's tiny run (no graphs, small ceilings)
+    attention: str = "auto"  # auto | torch | flashinfer (model/attention_select.py)
     ceiling_bytes: int = 4 << 30
     ceiling_matmul: int = 8192
 
 
 def random_model(
-    config: LlavaModelConfig, dtype: torch.dtype, device: str
+    config: LlavaModelConfig, dtype: torch.dtype, device: str, attention: AttentionBackend
 ) -> tuple[LlavaVision, LlavaLanguage]:
     """Both parts at the checkpoint's shapes, random weights drawn on the GPU."""
     with torch.device("meta"):
-        vision, language = LlavaVision(config), LlavaLanguage(config)
+        vision, language = LlavaVision(config), LlavaLanguage(config, attention)
     parts = []
     for part in (vision, language):
         module: nn.Module = part.to(dtype=dtype).to_empty(device=device)
@@ -79,7 +82,9 @@ def run_gpu_bench(cfg: GpuBenchConfig, progress: Any = print) -> dict[str, Any]:
     preset = PRESETS[cfg.preset]
     model_config = LlavaModelConfig.from_dict(preset.hf_config(cfg.dtype))
     progress(f"building {cfg.preset} with random weights ({cfg.dtype})")
-    vision, language = random_model(model_config, dtype, cfg.device)
+    backend = select_attention_backend(cfg.device, cfg.attention, dtype, model_config.head_dim)
+    attention = make_attention_backend(backend, model_config, dtype, cfg.device)
+    vision, language = random_model(model_config, dtype, cfg.device, attention)
     pages_per_seq = -(-(cfg.context + 1) // BLOCK)
     max_batch = max(cfg.decode_batches)
     num_blocks = max(max_batch * pages_per_seq, cfg.prefill_batch[0] * pages_per_seq) + 1
@@ -88,7 +93,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, progress: Any = print) -> dict[str, Any]:
         CacheShape(num_blocks, BLOCK, 2 * cfg.encode_batch, model_config.image_page_tokens,
                    model_config.hidden_size),
         dtype, cfg.device, with_image_cache=True, max_decode_seqs=max_batch,
-        max_model_len=pages_per_seq * BLOCK,
+        max_model_len=pages_per_seq * BLOCK, cuda_graphs=cfg.device == "cuda",
     )  # fmt: skip
     for cache in runner.kv_caches:
         cache.normal_()  # never time on zeros
@@ -136,8 +141,15 @@ def _decode(runner: ModelRunner, language: LlavaLanguage, batch: int, cfg: GpuBe
     def step() -> torch.Tensor:
         return language.compute_logits(runner.forward(tasks))
 
+    graphs, runner.graphs = runner.graphs, None
     eager = time_cuda(step, cfg.runs)
-    graph = _graph_timing(runner, language, tasks, cfg.runs) if cfg.device == "cuda" else eager
+    runner.graphs = graphs
+    if graphs is not None:  # the engine's own decode graphs: fill, re-plan, replay
+        graph, graph_kind = time_cuda(step, cfg.runs), "engine"
+    elif cfg.device == "cuda":  # the torch backend has none: this step's shape, captured once
+        graph, graph_kind = _graph_timing(runner, language, tasks, cfg.runs), "fixed-shape"
+    else:
+        graph, graph_kind = eager, "none (cpu)"
     mc = language.config
     weight_bytes = sum(p.numel() * p.element_size() for p in language.parameters())
     embed = language.embed_tokens.weight
@@ -149,6 +161,7 @@ def _decode(runner: ModelRunner, language: LlavaLanguage, batch: int, cfg: GpuBe
         "batch": batch,
         "eager": eager.to_json(),
         "graph": graph.to_json(),
+        "graph_kind": graph_kind,
         "hbm_floor_ms": round(floor_s * 1e3, 6),
         "eager_over_floor": round(eager.median_s / floor_s, 3),
         "graph_over_floor": round(graph.median_s / floor_s, 3),

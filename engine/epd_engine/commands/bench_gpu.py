@@ -42,7 +42,7 @@ def _bench_gpu(args: argparse.Namespace) -> int:
         raise UserError("bench-gpu needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     from epd_engine.bench.gpu_bench import GpuBenchConfig, run_gpu_bench
 
-    cfg = GpuBenchConfig(dtype=args.dtype, runs=args.runs)
+    cfg = GpuBenchConfig(dtype=args.dtype, runs=args.runs, attention=args.attention)
     result = run_gpu_bench(cfg, progress=lambda msg: print(f"bench-gpu: {msg}", flush=True))
     text = json.dumps(result, indent=2)
     if args.out:
@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench-gpu", help="decode/prefill/encode/dual-stream at LLaVA-1.5-7B shapes on a GPU"
     )
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument(
+        "--attention", default="auto", choices=("auto", "torch", "flashinfer"),
+        help="attention kernels (auto: FlashInfer when installed)",
+    )  # fmt: skip
     parser.add_argument("--runs", type=int, default=20, help="timed repetitions per figure")
     parser.add_argument("--out", type=Path, help="write the JSON here")
     parser.set_defaults(func=_bench_gpu)
