@@ -10,6 +10,7 @@ the target sees EOF, drops what it opened, and its next pull fails cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -132,6 +133,8 @@ class RegionServer:
 
     def close(self) -> None:
         self._closed = True
+        with contextlib.suppress(OSError):  # wakes the accept thread (close alone does not)
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
 
 
