@@ -9,9 +9,9 @@ one-GPU machine the nccl test then skips with that reason. Run on a GPU with
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -24,7 +24,6 @@ from epd_engine.transfer.backend import CacheRegions, PageTransfer, TransferErro
 from epd_engine.transfer.memory import PrivateMemory
 from tests.engine.transfer.peers import SEED, expose, source_processes, target_backend
 
-pytestmark = pytest.mark.gpu
 SPEC = CacheSpec(num_layers=5, num_kv_pages=12, num_image_pages=4, dtype="float16")
 POISON = -7.0
 # (src, dst) per pull: 3 runs (slice copies), then 6 runs (index gather/scatter)
@@ -42,18 +41,20 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+async def pull_and_check(name: str, tmp_path: Path, device: str = "cuda") -> str | None:
+    """None when every check passed; the reason when NCCL refused the one-GPU pair."""
+    async with httpx.AsyncClient() as http:
+        return await _pull_and_check(name, http, tmp_path, device)
 
 
-async def pull_and_check(name: str, http: httpx.AsyncClient, tmp_path: Path) -> None:
-    with source_processes([name], tmp_path, SPEC, device="cuda") as sources:
+async def _pull_and_check(
+    name: str, http: httpx.AsyncClient, tmp_path: Path, device: str
+) -> str | None:
+    with source_processes([name], tmp_path, SPEC, device=device) as sources:
         source = sources[name]
         peer = source.peer
-        backend, regions = target_backend(name, http, SPEC, device="cuda")
-        assert regions.image is not None and regions.kv[0].is_cuda
+        backend, regions = target_backend(name, http, SPEC, device=device)
+        assert regions.image is not None and regions.kv[0].device.type == device
         for tensor in [*regions.kv, regions.image]:
             tensor.fill_(POISON)
         for i, (src, _) in enumerate(PULLS):
@@ -67,10 +68,11 @@ async def pull_and_check(name: str, http: httpx.AsyncClient, tmp_path: Path) -> 
                         await backend.pull(peer, transfer)
             except TransferError as exc:
                 if name == "nccl" and any(r in str(exc) for r in NCCL_REFUSALS):
-                    pytest.skip(f"refused: one GPU (NCCL will not put two ranks on it): {exc}")
+                    return f"refused: one GPU (NCCL will not put two ranks on it): {exc}"
                 raise
             await backend.pull(peer, PageTransfer("r0", CacheKind.IMAGE, (2,), (1,)))
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             want = reference()
             written = [d for _, dst in PULLS for d in dst]
             untouched = [p for p in range(SPEC.num_kv_pages) if p not in written]
@@ -90,16 +92,26 @@ async def pull_and_check(name: str, http: httpx.AsyncClient, tmp_path: Path) -> 
                 await backend.pull(peer, PageTransfer("r0", CacheKind.KV, src, dst, 0, 1))
         finally:
             await backend.close()
+    return None
 
 
-async def test_cuda_ipc_pulls_exact_bytes_between_processes(
-    http: httpx.AsyncClient, tmp_path: Path
-) -> None:
-    await pull_and_check("cuda_ipc", http, tmp_path)
+# Plain tests around asyncio.run: the GPU machine need not have pytest-asyncio.
+@pytest.mark.gpu
+def test_cuda_ipc_pulls_exact_bytes_between_processes(tmp_path: Path) -> None:
+    assert asyncio.run(pull_and_check("cuda_ipc", tmp_path)) is None
 
 
-async def test_nccl_pulls_exact_bytes_between_processes(
-    http: httpx.AsyncClient, tmp_path: Path
-) -> None:
+@pytest.mark.gpu
+def test_nccl_pulls_exact_bytes_between_processes(tmp_path: Path) -> None:
     pytest.importorskip("cupy", reason="the nccl backend needs CuPy")
-    await pull_and_check("nccl", http, tmp_path)
+    refused = asyncio.run(pull_and_check("nccl", tmp_path))
+    if refused is not None:
+        pytest.skip(refused)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["shm", "collective"])
+def test_the_same_checks_hold_for_the_cpu_twins(name: str, tmp_path: Path) -> None:
+    """Runs without a GPU: the checks above are sound (shm is cuda_ipc's twin, collective
+    runs nccl's protocol)."""
+    assert asyncio.run(pull_and_check(name, tmp_path, device="cpu")) is None
