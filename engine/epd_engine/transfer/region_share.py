@@ -119,7 +119,12 @@ class RegionServer:
                 if not check_token(hello.get("token"), self.token):
                     send_json(conn, {"error": "wrong internal token"})
                     return
-                header, fds = self.offer()
+                try:
+                    header, fds = self.offer()
+                except (RuntimeError, ValueError) as exc:  # e.g. a storage CUDA cannot export
+                    log.warning("%s cannot offer its regions: %r", self.socket_name, exc)
+                    send_json(conn, {"error": f"cannot export the caches: {exc}"})
+                    return
                 payload = (json.dumps(header) + "\n").encode()
                 if fds:
                     socket.send_fds(conn, [payload], fds)

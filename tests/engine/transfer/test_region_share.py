@@ -85,3 +85,15 @@ def test_the_token_gets_the_header_and_the_socket_tracks_the_source() -> None:
         time.sleep(0.05)
     assert not peer.alive()
     peer.close()
+
+
+def test_a_source_that_cannot_export_says_why() -> None:
+    def offer() -> tuple[dict[str, Any], list[int]]:
+        raise RuntimeError("CUDA error: invalid argument")
+
+    server = RegionServer("epd-test", TOKEN, offer)
+    try:
+        with pytest.raises(TransferError, match="cannot export the caches: CUDA error"):
+            fetch_regions(server.socket_name, TOKEN)
+    finally:
+        server.close()
