@@ -126,7 +126,10 @@ bench-switch: venv model ## Switch under load through every method + a ratio: fa
 bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to memcpy/raw socket/raw gloo (JSON)
 	$(EPDCTL) bench-transfer --model $(MODEL_DIR) --out benchmarks/results/transfer-cpu.json
 
-.PHONY: bench-transfer
+bench-transfer-gpu: venv ## GPU: cuda_ipc and nccl pulls of a 640-token LLaVA-1.5-7B KV cache and one image, vs a device copy (JSON)
+	$(EPDCTL) bench-transfer --gpu --out benchmarks/results/transfer-gpu.json
+
+.PHONY: bench-transfer bench-transfer-gpu
 
 bench-gpu: venv ## GPU only: LLaVA-1.5-7B shapes, decode vs HBM floor, prefill, encode, dual stream (JSON)
 	$(EPDCTL) bench-gpu --out benchmarks/results/gpu.json

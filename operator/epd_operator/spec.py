@@ -307,8 +307,9 @@ class EngineSpec(_Model):
     )
     transfer_backend: TransferBackendName = Field(
         default="auto",
-        description="Cache migration backend: auto (shared memory with same-host peers, "
-        "else tcp), tcp, shm, collective; cuda_ipc and nccl are reserved for the GPU build.",
+        description="Cache migration backend: auto (CPU: shared memory with same-host peers, "
+        "else tcp; GPU: cuda_ipc with same-node peers, else nccl), tcp, shm, collective, "
+        "cuda_ipc and nccl (GPU caches only).",
     )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=MAX_LIST_ITEMS)

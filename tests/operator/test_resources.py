@@ -178,13 +178,13 @@ def test_pod_command_lines_parse_with_the_real_epdctl() -> None:
     assert (args.command, args.port) == ("router", 8080)
 
 
-def test_engine_refuses_a_transfer_backend_it_does_not_implement(tmp_path: Path) -> None:
-    """A reserved backend fails fast with a message naming what works, not a crash later."""
+def test_engine_refuses_a_gpu_transfer_backend_on_cpu(tmp_path: Path) -> None:
+    """A GPU backend on CPU caches fails fast with a message naming what works."""
     from epd_engine.cli import build_parser
     from epd_engine.commands.serve import run
 
     args = build_parser().parse_args(
         ["serve", "--model", str(tmp_path), "--transfer-backend", "cuda_ipc"]
     )
-    with pytest.raises(UserError, match="'cuda_ipc' is not available in this build; use one of"):
+    with pytest.raises(UserError, match="cuda_ipc backend moves CUDA caches and the device is cpu"):
         run(args)

@@ -68,9 +68,11 @@ class CacheSpec:
 
 def fill(regions: CacheRegions, seed: int) -> None:
     """Deterministic contents: a target regenerates them to check what it received."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # on CPU: the same pages on any device
     for tensor in [*regions.kv, *([regions.image] if regions.image is not None else [])]:
         tensor.copy_(torch.randn(tensor.shape, generator=generator).to(tensor.dtype))
+    if any(t.is_cuda for t in regions.kv):
+        torch.cuda.synchronize()
 
 
 def create_app(backend: TransferBackend, exports: Exports) -> FastAPI:
@@ -112,12 +114,13 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default="bench-token")
+    p.add_argument("--device", default="cpu", help="where the caches live (cuda: GPU backends)")
     for name, value in vars(CacheSpec()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = p.parse_args()
     spec = CacheSpec(**{k: getattr(args, k) for k in vars(CacheSpec())})
     torch.set_num_threads(1)
-    memory = cache_memory(args.backend, "cpu")
+    memory = cache_memory(args.backend, args.device)
     regions = spec.allocate(memory)
     fill(regions, args.seed)
     exports = Exports()

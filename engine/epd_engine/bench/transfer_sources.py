@@ -84,16 +84,23 @@ def _stop(popen: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def sources(
-    spec: CacheSpec, backends: Sequence[str], log_dir: Path, seed: int = 0, link_peer: bool = True
+    spec: CacheSpec,
+    backends: Sequence[str],
+    log_dir: Path,
+    seed: int = 0,
+    link_peer: bool = True,
+    device: str = "cpu",
 ) -> Iterator[Sources]:
-    """A page source per backend (and the link peer, unless ``link_peer`` is False)."""
+    """A page source per backend (and the link peer, unless ``link_peer`` is False), its
+    caches on ``device``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[_Started] = []
     try:
         for name in backends:
             port = free_port()
             args = ["epd_engine.bench.transfer_peer", "--backend", name, "--port", str(port),
-                    "--seed", str(seed), "--token", TOKEN, *spec.to_args()]  # fmt: skip
+                    "--seed", str(seed), "--token", TOKEN, "--device", device,
+                    *spec.to_args()]  # fmt: skip
             started.append(_start(f"source-{name}", args, port, log_dir))
         link_port = 0
         if link_peer:

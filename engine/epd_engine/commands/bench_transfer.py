@@ -57,6 +57,15 @@ def format_table(shapes: list[dict[str, Any]]) -> str:
 
 
 def _bench_transfer(args: argparse.Namespace) -> int:
+    if args.gpu:
+        from epd_engine.bench.transfer_gpu import main as bench_gpu
+
+        argv = ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        argv += ["--backends", args.backends or "cuda_ipc,nccl"]
+        argv += [*(["--out", str(args.out)] if args.out else [])]
+        argv += [*(["--run-dir", str(args.run_dir)] if args.run_dir else [])]
+        return bench_gpu(argv)
+    args.backends = args.backends or "tcp,shm,collective"
     import torch
     from tqdm import tqdm
 
@@ -126,7 +135,15 @@ def register(subparsers: Any) -> None:
         "the tiny-llava preset's shape without one)",
     )  # fmt: skip
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated (default all)")
-    parser.add_argument("--backends", default="tcp,shm,collective", help="comma-separated")
+    parser.add_argument(
+        "--backends",
+        help="comma-separated (default tcp,shm,collective; with --gpu cuda_ipc,nccl)",
+    )
+    parser.add_argument(
+        "--gpu", action="store_true",
+        help="the GPU backends (cuda_ipc, nccl) on LLaVA-1.5-7B caches on this machine's GPU: "
+        "KV and image pull p50/p90 ms against a same-process device copy (bench/transfer_gpu)",
+    )  # fmt: skip
     parser.add_argument("--num-tokens", type=int, default=640, help="KV tokens of the request")
     parser.add_argument("--layers-per-group", type=int, default=8, help="as the engine (8)")
     parser.add_argument("--repeats", type=int, default=20, help="timed KV and image pulls")

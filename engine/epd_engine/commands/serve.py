@@ -105,8 +105,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--transfer-backend",
         default="auto",
         choices=TRANSFER_BACKENDS,
-        help="cache migration backend: auto (shm with same-host peers, else tcp), tcp, shm, "
-        "collective (gloo); cuda_ipc and nccl are reserved for the GPU build",
+        help="cache migration backend: auto (CPU: shm with same-host peers, else tcp; CUDA: "
+        "cuda_ipc with same-node peers, else nccl), tcp, shm, collective (gloo), cuda_ipc "
+        "(CUDA IPC handles, same node), nccl (CuPy NCCL); cuda_ipc and nccl need --device "
+        "cuda (nccl also CuPy)",
     )
     p.add_argument(
         "--transfer-port",
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from epd_engine.server.app import ServerSettings, create_app
+    from epd_engine.transfer.factory import check_backend
 
     # The engine thread holds the GIL through the Python parts of every step; the event loop
     # (pulls, token events, heartbeats) must not wait the default 5 ms for it each time.
@@ -184,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
             f"transfer backend {args.transfer_backend!r} is not available in this build; "
             f"use one of {', '.join(AVAILABLE_TRANSFER_BACKENDS)}"
         )
+    try:
+        check_backend(args.transfer_backend, args.device)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if args.preset and not (args.model / "config.json").exists():
         from epd_engine.model.make_model import make_model
 

@@ -2,8 +2,9 @@
 
 from typing import Literal, get_args
 
-# Names the deployment API accepts (the CRD's enum); only the ones this build implements
-# can start: cuda_ipc and nccl are the GPU build's (refused at start with a clear error).
+# Names the deployment API accepts (the CRD's enum). cuda_ipc and nccl move CUDA caches
+# only (nccl also needs CuPy); the factory refuses them elsewhere with a clear error.
 TransferBackendName = Literal["auto", "tcp", "shm", "collective", "cuda_ipc", "nccl"]
 TRANSFER_BACKENDS: tuple[str, ...] = get_args(TransferBackendName)
-AVAILABLE_TRANSFER_BACKENDS = ("auto", "tcp", "shm", "collective")
+AVAILABLE_TRANSFER_BACKENDS = TRANSFER_BACKENDS
+GPU_TRANSFER_BACKENDS = ("cuda_ipc", "nccl")

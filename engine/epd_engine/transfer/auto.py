@@ -1,30 +1,39 @@
-"""``auto`` backend: shared memory with peers on the same host, tcp with the rest.
+"""``auto`` backend: a same-host backend with peers on this host, a network one with the rest.
 
-It serves both (its offers describe both), and per peer it tries ``shm`` when the peer
-runs on the same kernel; if mapping fails (pods on one node in separate network
-namespaces cannot reach each other's abstract sockets) it remembers that and uses ``tcp``.
-On GPUs the same rule will pick ``cuda_ipc`` and ``nccl``.
+On CPU caches: ``shm`` near, ``tcp`` far. On CUDA caches: ``cuda_ipc`` near, ``nccl`` far
+(``tcp`` without CuPy). It serves both (its offers describe both), and per peer it tries the
+near one when the peer runs on the same kernel; if connecting fails (pods on one node in
+separate network namespaces cannot reach each other's abstract sockets, a GPU not visible
+here) it remembers that and uses the far one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from epd_engine.transfer.backend import PageTransfer, Peer, TransferError
-from epd_engine.transfer.shm import ShmBackend
-from epd_engine.transfer.tcp import TcpBackend
+from epd_engine.transfer.backend import PageTransfer, Peer, TransferBackend, TransferError
+
+
+class NearBackend(TransferBackend, Protocol):
+    def reachable(self, peer: Peer) -> bool:
+        """Same host as us (worth trying)."""
+        ...
+
+    async def connect(self, peer: Peer) -> None:
+        """Open what the peer shares; ``TransferError`` when that is impossible."""
+        ...
 
 
 class AutoBackend:
     name = "auto"
 
-    def __init__(self, shm: ShmBackend, tcp: TcpBackend) -> None:
-        self.shm = shm
-        self.tcp = tcp
-        self._choice: dict[str, ShmBackend | TcpBackend] = {}
+    def __init__(self, near: NearBackend, far: TransferBackend) -> None:
+        self.near = near
+        self.far = far
+        self._choice: dict[str, TransferBackend] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {**self.shm.describe(), **self.tcp.describe()}
+        return {**self.near.describe(), **self.far.describe()}
 
     def chosen(self, instance_id: str) -> str | None:
         """The backend used with this peer so far (None before the first pull)."""
@@ -34,24 +43,25 @@ class AutoBackend:
     async def pull(self, peer: Peer, transfer: PageTransfer) -> None:
         backend = self._choice.get(peer.instance_id)
         if backend is None:
-            backend = self.tcp
-            if self.shm.reachable(peer):
+            backend = self.far
+            if self.near.reachable(peer):
                 try:
-                    await self.shm.connect(peer)
-                    backend = self.shm
+                    await self.near.connect(peer)
+                    backend = self.near
                 except TransferError:
-                    pass  # same kernel, other namespace: fall back for good
+                    pass  # same kernel, other namespace or GPU: fall back for good
             self._choice[peer.instance_id] = backend
         await backend.pull(peer, transfer)
 
     async def control(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        raise TransferError(f"the auto backend has no control operation {op!r}")
+        """The far backend's (nccl: a peer asks us to join a group); near ones have none."""
+        return await self.far.control(op, body)
 
     def forget(self, instance_id: str) -> None:
         self._choice.pop(instance_id, None)
-        self.shm.forget(instance_id)
-        self.tcp.forget(instance_id)
+        self.near.forget(instance_id)
+        self.far.forget(instance_id)
 
     async def close(self) -> None:
-        await self.shm.close()
-        await self.tcp.close()
+        await self.near.close()
+        await self.far.close()

@@ -1,9 +1,12 @@
-"""``collective`` backend: the migration protocol over a point-to-point ``Communicator``
-(gloo on CPU here; NCCL through CuPy on GPUs behind the same interface).
+"""``collective`` and ``nccl`` backends: the migration protocol over a point-to-point
+``Communicator``, chosen by name (``collective``: gloo, CPU caches; ``nccl``: NCCL through
+CuPy, CUDA caches). Everything below is the same for both; gloo runs it in CPU tests.
 
 Connect (once per peer): the target hosts a rendezvous store and asks the source, over
-HTTP (``POST /internal/transfer/collective/connect``), to join a two-rank group; both
-sides form it concurrently, and the source starts a thread that serves the group.
+HTTP (``POST /internal/transfer/{collective|nccl}/connect``: a fresh group key and the
+store's address), to join a two-rank group; both sides form it concurrently
+(``communicator.form_pair``: NCCL's unique id goes through the store as JSON), and the
+source starts a thread that serves the group.
 
 A pull then never leaves the group: the target sends a JSON header (its length, then its
 bytes) naming the request, kind, layers, source and destination pages and the first data
@@ -34,12 +37,13 @@ from epd_engine.transfer.backend import (
     TransferError,
     requested_layers,
 )
-from epd_engine.transfer.communicator import Communicator, GlooPair, rendezvous_store
+from epd_engine.transfer.communicator import Communicator, form_pair, rendezvous_store
 from epd_engine.transfer.pages import paired_runs
 
 log = logging.getLogger(__name__)
 HEADER_LEN_TAG, HEADER_TAG, STATUS_LEN_TAG, STATUS_TAG = 1, 2, 3, 4
 FIRST_DATA_TAG = 16
+BACKEND_OF = {"gloo": "collective", "nccl": "nccl"}  # communicator -> backend name
 IDLE_GROUP_TIMEOUT_S = 365 * 24 * 3600.0  # the source's serving thread waits for pulls
 
 
@@ -104,6 +108,11 @@ class _GroupServer:
         return data_messages(layers, src, dst, on_source=True)
 
 
+def cache_device(regions: CacheRegions) -> torch.device:
+    tensors = [*regions.kv, *([regions.image] if regions.image is not None else [])]
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
 class CollectiveBackend:
     name = "collective"
 
@@ -116,7 +125,15 @@ class CollectiveBackend:
         bind_host: str = "127.0.0.1",
         advertise_host: str = "127.0.0.1",
         timeout_s: float = 30.0,
+        communicator: str = "gloo",
     ) -> None:
+        if communicator not in BACKEND_OF:
+            raise ValueError(f"unknown communicator {communicator!r}")
+        self.communicator = communicator
+        self.name = BACKEND_OF[communicator]
+        self.device = cache_device(regions)
+        if communicator == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"the nccl backend moves CUDA caches; these are on {self.device}")
         self.regions = regions
         self.exports = exports
         self.http = http
@@ -177,9 +194,7 @@ class CollectiveBackend:
         except RuntimeError as exc:
             raise TransferError(f"cannot host a rendezvous: {exc}") from exc
         join = {"key": key, "host": self.advertise_host, "port": store.port}
-        formed = asyncio.ensure_future(
-            asyncio.to_thread(GlooPair, store, key, 1, self.bind_host, IDLE_GROUP_TIMEOUT_S)
-        )
+        formed = asyncio.ensure_future(asyncio.to_thread(self._form, store, key, 1))
         try:
             await self._post(peer, "connect", join)
             comm = await formed
@@ -188,6 +203,10 @@ class CollectiveBackend:
             raise TransferError(f"cannot form a group with {peer.instance_id}: {exc}") from exc
         self._groups[peer.instance_id] = comm
         return comm
+
+    def _form(self, store: Any, key: str, rank: int) -> Communicator:
+        return form_pair(self.communicator, store, key, rank, self.bind_host, self.device,
+                         IDLE_GROUP_TIMEOUT_S)  # fmt: skip
 
     async def _post(self, peer: Peer, op: str, body: dict[str, Any]) -> None:
         try:
@@ -211,15 +230,14 @@ class CollectiveBackend:
     # ---- source side ------------------------------------------------------------------
     async def control(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         if op != "connect":
-            raise TransferError(f"the collective backend has no control operation {op!r}")
+            raise TransferError(f"the {self.name} backend has no control operation {op!r}")
         try:
             key, host, port = str(body["key"]), str(body["host"]), int(body["port"])
         except (KeyError, TypeError, ValueError) as exc:
             raise TransferError(f"malformed connect message: {exc!r}") from exc
 
         def form() -> Communicator:
-            store = rendezvous_store(host, port, False, self.timeout_s)
-            return GlooPair(store, key, 0, self.bind_host, IDLE_GROUP_TIMEOUT_S)
+            return self._form(rendezvous_store(host, port, False, self.timeout_s), key, 0)
 
         try:
             comm = await asyncio.to_thread(form)

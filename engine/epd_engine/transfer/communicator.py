@@ -1,16 +1,19 @@
-"""Point-to-point communicators: the shape NCCL needs, implemented on gloo for CPU.
+"""Point-to-point communicators: gloo on CPU, NCCL (CuPy, ``transfer/nccl.py``) on GPUs.
 
 A ``Communicator`` is a group of exactly two ranks formed once per peer pair through a
 rendezvous store (the target hosts a ``TCPStore``; the source joins it), then carries
-blocking ``send``/``recv`` of contiguous tensors matched by tag. The CuPy NCCL
-implementation (a later, GPU-only piece) plugs in behind the same three methods; tags
-there become per-pair ordering, which the collective backend already keeps.
+blocking ``send``/``recv`` of contiguous tensors matched by tag. ``form_pair`` picks the
+implementation by name. NCCL has no tags: there they become per-pair ordering, which the
+collective backend keeps (one transfer at a time per group). NCCL's unique id travels
+through the same store as JSON (``share_unique_id``), never pickle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -43,6 +46,57 @@ def rendezvous_store(host: str, port: int, is_host: bool, timeout_s: float) -> d
         timeout=datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
+
+
+COMMUNICATORS = ("gloo", "nccl")
+STORE_HOST_RANK = 1  # the target hosts the rendezvous store
+MAX_UNIQUE_ID_INTS = 1024  # NCCL's unique id is 128 bytes
+
+
+def unique_id_key(key: str) -> str:
+    return f"{key}/unique_id"
+
+
+def share_unique_id(
+    store: dist.Store, key: str, rank: int, make_id: Callable[[], Sequence[int]]
+) -> tuple[int, ...]:
+    """The store's host makes the group's unique id and publishes it as a JSON list of ints;
+    the other rank waits for it (the store's timeout) and checks it is one."""
+    if rank == STORE_HOST_RANK:
+        unique_id = tuple(int(x) for x in make_id())
+        store.set(unique_id_key(key), json.dumps(list(unique_id)))
+        return unique_id
+    raw = store.get(unique_id_key(key))
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise RuntimeError(f"the group's unique id is not JSON: {raw[:40]!r}") from exc
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= MAX_UNIQUE_ID_INTS
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    ):
+        raise RuntimeError("the group's unique id is not a list of integers")
+    return tuple(value)
+
+
+def form_pair(
+    kind: str,
+    store: dist.Store,
+    key: str,
+    rank: int,
+    host: str,
+    device: torch.device,
+    timeout_s: float,
+) -> Communicator:
+    """Join the two-rank group ``key`` as ``rank`` (both ranks call this concurrently)."""
+    if kind == "gloo":
+        return GlooPair(store, key, rank, host, timeout_s)
+    if kind == "nccl":
+        from epd_engine.transfer.nccl import NcclPair
+
+        return NcclPair(store, key, rank, device)
+    raise ValueError(f"unknown communicator {kind!r}; known: {', '.join(COMMUNICATORS)}")
 
 
 class GlooPair:

@@ -1,4 +1,9 @@
-"""Build the configured backend and the cache memory it needs (shared for shm/auto on CPU)."""
+"""Build the configured backend and the cache memory it needs (shared for shm/auto on CPU).
+
+On CPU caches ``auto`` is shm + tcp; on CUDA caches it is cuda_ipc + nccl (tcp without
+CuPy). ``cuda_ipc`` and ``nccl`` are refused with a clear error unless the caches are on a
+CUDA device (and, for nccl, CuPy with NCCL imports): ``check_backend``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,10 @@ from dataclasses import dataclass
 import httpx
 import torch
 
-from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS
+from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, GPU_TRANSFER_BACKENDS
 from epd_engine.transfer.auto import AutoBackend
 from epd_engine.transfer.backend import CacheRegions, Exports, TransferBackend
-from epd_engine.transfer.collective import CollectiveBackend
+from epd_engine.transfer.collective import CollectiveBackend, cache_device
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory, SharedMemory
 from epd_engine.transfer.shm import ShmBackend
 from epd_engine.transfer.tcp import TcpBackend
@@ -32,14 +37,42 @@ class TransferSettings:
             )
 
 
+def nccl_missing() -> str | None:
+    """Why the nccl backend cannot run here (CuPy or its NCCL missing), or None."""
+    from epd_engine.transfer.nccl import cupy_nccl
+
+    try:
+        cupy_nccl()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def check_backend(backend: str, device: str) -> None:
+    """``ValueError`` saying why ``backend`` cannot move caches on ``device``."""
+    on_cuda = torch.device(device).type == "cuda"
+    if backend == "shm" and on_cuda:
+        raise ValueError("the shm backend moves CPU caches; on GPUs use auto, cuda_ipc or nccl")
+    if backend not in GPU_TRANSFER_BACKENDS:
+        return
+    if not on_cuda:
+        raise ValueError(
+            f"the {backend} backend moves CUDA caches and the device is {device}; "
+            "on CPU use auto, shm, tcp or collective"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(f"the {backend} backend needs a CUDA device; none is visible")
+    if backend == "nccl" and (why := nccl_missing()) is not None:
+        raise ValueError(why)
+
+
 def uses_shared_memory(backend: str, device: str) -> bool:
     return backend in ("shm", "auto") and torch.device(device).type == "cpu"
 
 
 def cache_memory(backend: str, device: str) -> CacheMemory:
     """Where caches go: memfd regions when a same-host peer may map them, else private."""
-    if backend == "shm" and torch.device(device).type != "cpu":
-        raise ValueError("the shm backend moves CPU caches; on GPUs use auto or tcp")
+    check_backend(backend, device)
     if uses_shared_memory(backend, device):
         return SharedMemory()
     return PrivateMemory(torch.device(device))
@@ -57,13 +90,27 @@ def make_backend(
         return TcpBackend(regions, exports, token, settings.bind_host, settings.advertise_host,
                           settings.tcp_port, settings.timeout_s)  # fmt: skip
 
-    if settings.backend == "tcp" or (
-        settings.backend == "auto" and not isinstance(memory, SharedMemory)
-    ):
-        return tcp()
-    if settings.backend == "collective":
+    def collective(communicator: str) -> CollectiveBackend:
         return CollectiveBackend(regions, exports, http, token, settings.bind_host,
-                                 settings.advertise_host, settings.timeout_s)  # fmt: skip
+                                 settings.advertise_host, settings.timeout_s,
+                                 communicator)  # fmt: skip
+
+    name = settings.backend
+    on_cuda = cache_device(regions).type == "cuda"
+    check_backend(name, str(cache_device(regions)))
+    if name in ("cuda_ipc", "auto") and on_cuda:
+        from epd_engine.transfer.cuda_ipc import CudaIpcBackend
+
+        near = CudaIpcBackend(regions, token)
+        if name == "cuda_ipc":
+            return near
+        return AutoBackend(near, tcp() if nccl_missing() else collective("nccl"))
+    if name == "nccl":
+        return collective("nccl")
+    if name == "collective":
+        return collective("gloo")
+    if name == "tcp" or (name == "auto" and not isinstance(memory, SharedMemory)):
+        return tcp()
     assert isinstance(memory, SharedMemory)
     shm = ShmBackend(memory, regions, token)
-    return shm if settings.backend == "shm" else AutoBackend(shm, tcp())
+    return shm if name == "shm" else AutoBackend(shm, tcp())

@@ -30,7 +30,7 @@ class Source:
 
 @contextmanager
 def source_processes(
-    backends: list[str], log_dir: Path, spec: CacheSpec = SPEC
+    backends: list[str], log_dir: Path, spec: CacheSpec = SPEC, device: str = "cpu"
 ) -> Iterator[dict[str, Source]]:
     """One page source per backend, started together (each takes seconds to import torch)."""
     started: list[tuple[str, subprocess.Popen[bytes], str, Path]] = []
@@ -40,7 +40,7 @@ def source_processes(
             log = log_dir / f"source-{name}.log"
             args = [sys.executable, "-m", "epd_engine.bench.transfer_peer", "--backend", name,
                     "--port", str(port), "--seed", str(SEED), "--token", TOKEN,
-                    *spec.to_args()]  # fmt: skip
+                    "--device", device, *spec.to_args()]  # fmt: skip
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -65,9 +65,13 @@ def expose(peer: Peer, kind: str, pages: list[int], request_id: str = "bench") -
 
 
 def target_backend(
-    name: str, http: httpx.AsyncClient, spec: CacheSpec = SPEC, token: str = TOKEN
+    name: str,
+    http: httpx.AsyncClient,
+    spec: CacheSpec = SPEC,
+    token: str = TOKEN,
+    device: str = "cpu",
 ) -> tuple[TransferBackend, CacheRegions]:
-    memory = cache_memory(name, "cpu")
+    memory = cache_memory(name, device)
     regions = spec.allocate(memory)
     backend = make_backend(TransferSettings(backend=name), memory, regions, Exports(), http, token)
     return backend, regions
