@@ -1,52 +1,52 @@
 #!/usr/bin/env bash
-# Every GPU check of issue 18 in one pass, for a lent GPU machine (see docs/gpu.md):
-# correctness first (gpu-marked tests), then the figures (bench-gpu, transfer pulls).
-# Each step has its own time limit and a failed step does not stop the next; results go
-# to $OUT (or ./gpu-out). Python packages the machine lacks come from .whl/ (wheels for
-# its Python: .whl/*.whl plus .whl/cpXY/*.whl).
+# Every GPU check of issue 18 in one pass, for a lent GPU machine (docs/gpu.md): the gpu
+# tests, then the figures (bench-gpu with each attention backend, transfer pulls). Each step
+# has its own time limit and a failed step does not stop the next. Output: $OUT/all.log, the
+# JSON of each bench, FlashInfer's compile log. Packages the machine lacks come from .whl/
+# (wheels for any Python in .whl/*.whl, compiled ones in .whl/cpXY/).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+LOG=$OUT/all.log
+export PYTHONUNBUFFERED=1 EPD_REAL_NODE=0
 PY=python3
 pyver=$($PY -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl .whl/"$pyver"/*.whl 2>&1 | tail -3
+    --target /tmp/site .whl/*.whl .whl/"$pyver"/*.whl >>"$LOG" 2>&1
 fi
 export PYTHONPATH=/tmp/site:$PWD/engine:$PWD/operator:$PWD
 
-step() {  # step NAME LIMIT_S COMMAND...: run, log to $OUT/NAME.log, report its exit status
+step() {  # step NAME LIMIT_S COMMAND...: run it, append its output to all.log, show the tail
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "===== $name" >>"$LOG"
+  timeout "$limit" "$@" >"/tmp/$name.log" 2>&1
   local rc=$?
-  echo "== $name: rc=$rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
-  tail -n "${TAIL:-15}" "$OUT/$name.log"
+  cat "/tmp/$name.log" >>"$LOG"
+  SUMMARY+="$name: rc=$rc in $((SECONDS - start)) s"$'\n'
+  echo "== $name: rc=$rc in $((SECONDS - start)) s"
+  tail -n "${TAIL:-12}" "/tmp/$name.log"
 }
+SUMMARY=""
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $PY -c 'import sys, torch, cupy; print(sys.version.split()[0], torch.__version__, cupy.__version__)'
-  nvcc --version | tail -1; nproc; } >"$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+  nvcc --version | tail -1; echo "cpus: $(nproc)"; } 2>&1 | tee -a "$LOG"
 
-# FlashInfer compiles its kernels on first use (nvcc): start that now, beside the tests.
-if [ -f tools/gpu/flashinfer_warm.py ]; then
-  timeout 300 $PY tools/gpu/flashinfer_warm.py >"$OUT/flashinfer-warm.log" 2>&1 &
-  warm_pid=$!
-fi
+# FlashInfer compiles its kernels with nvcc on first use: start that now, beside the tests.
+export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+timeout 330 $PY tools/gpu/flashinfer_warm.py >"$OUT/flashinfer-warm.log" 2>&1 &
+warm_pid=$!
 
-TAIL=25 step pytest-gpu 300 $PY -m pytest -q -o addopts="" -p no:cacheprovider -m gpu -rs \
-  --timeout 240 ${GPU_TESTS:-tests/engine}
-
-if [ -n "${warm_pid:-}" ]; then
-  wait "$warm_pid"; echo "== flashinfer-warm: rc=$?" | tee -a "$OUT/steps.txt"
-  tail -5 "$OUT/flashinfer-warm.log"
-fi
-
-TAIL=12 step bench-gpu 240 $PY -m epd_engine bench-gpu --out "$OUT/gpu.json"
-if [ -n "${BENCH_TRANSFER:-}" ]; then
-  TAIL=20 step bench-transfer-gpu 180 bash -c "$BENCH_TRANSFER"
-fi
-cat "$OUT/steps.txt"
+PYTEST=($PY -m pytest -q -o addopts= -p no:cacheprovider -m gpu -rs --timeout 200)
+TAIL=20 step tests 200 "${PYTEST[@]}" tests/engine/model/test_gpu_parity.py \
+  tests/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py
+step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$OUT/gpu-torch.json"
+TAIL=16 step bench-transfer-gpu 150 $PY -m epd_engine.bench.transfer_gpu --out "$OUT/transfer-gpu.json"
+wait "$warm_pid"; SUMMARY+="flashinfer-warm: rc=$?"$'\n'; tail -4 "$OUT/flashinfer-warm.log"
+TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashinfer_gpu.py
+step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer \
+  --out "$OUT/gpu-flashinfer.json"
+echo "$SUMMARY" | tee -a "$LOG"
