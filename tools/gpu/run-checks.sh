@@ -9,9 +9,9 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 LOG=$OUT/all.log
 export PYTHONUNBUFFERED=1 EPD_REAL_NODE=0
-PY=python3
+PY=${PY:-python3}
 pyver=$($PY -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ "${WHEELS:-1}" = 1 ] && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl .whl/"$pyver"/*.whl >>"$LOG" 2>&1
 fi
