@@ -54,18 +54,30 @@ class EncodeStream:
     def __init__(self, device: torch.device, enabled: bool) -> None:
         self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
         self.fences: EncodeFences[torch.cuda.Event] = EncodeFences()
+        self._step_start: torch.cuda.Event | None = None
 
     @property
     def enabled(self) -> bool:
         return self.stream is not None
 
+    def step_starts(self) -> None:
+        """Mark the current stream before this step's language-model kernels: the encodes
+        of the step wait for what came before, not for those kernels."""
+        if self.stream is not None:
+            self._step_start = torch.cuda.Event()
+            self._step_start.record(torch.cuda.current_stream(self.stream.device))
+
     @contextlib.contextmanager
     def encoding(self) -> Iterator[None]:
-        """Run the block's kernels on the side stream, after what is queued so far."""
+        """Run the block's kernels on the side stream, after the work queued before this
+        step (``step_starts``; without it, after everything queued so far)."""
         if self.stream is None:
             yield
             return
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        if self._step_start is not None:
+            self.stream.wait_event(self._step_start)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         with torch.cuda.stream(self.stream):
             yield
 
@@ -85,5 +97,6 @@ class EncodeStream:
 
     def finish(self) -> None:
         """The host waits for every encode queued: their pages are complete from now on."""
+        self._step_start = None
         for event in self.fences.drain():
             event.synchronize()

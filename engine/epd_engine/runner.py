@@ -241,14 +241,18 @@ class ModelRunner:
         layer_written: LayerWritten | None = None,
         rope_of: Mapping[str, MRopeState] | None = None,
     ) -> dict[str, SampledToken]:
-        """Run one iteration: encodes (their pages are read next iteration; on CUDA beside
-        the tokens, on a stream of their own), then tokens. Returns once both are done."""
-        self.encode(out.encodes, pixels)
+        """Run one iteration: the token tasks, then the encodes (whose pages are read from the
+        next iteration on). On CUDA the language model's kernels are queued first, so the
+        encodes queued next on their own stream run beside them rather than before them
+        (a decode step's GPU time hides the host's encode launches). Returns once both are
+        done."""
         try:
+            self.encode_stream.step_starts()
             tasks = out.token_tasks
-            if not tasks:
+            hidden = self.forward(tasks, layer_written, rope_of) if tasks else None
+            self.encode(out.encodes, pixels)
+            if hidden is None:
                 return {}
-            hidden = self.forward(tasks, layer_written, rope_of)
             sampling = [t for t in tasks if t.sample]
             rows = [
                 SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens)

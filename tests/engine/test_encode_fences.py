@@ -46,6 +46,7 @@ def test_drain_returns_each_outstanding_fence_once_and_forgets() -> None:
 def test_off_cuda_the_stream_is_a_no_op() -> None:
     stream = EncodeStream(torch.device("cpu"), enabled=True)
     assert not stream.enabled
+    stream.step_starts()
     with stream.encoding():
         stream.wrote([0])
     stream.before_read([0])
