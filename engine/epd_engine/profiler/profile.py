@@ -83,6 +83,10 @@ class RunnerProbe:
     def __init__(self, config: ProfileConfig) -> None:
         import torch
 
+        from epd_engine.model.attention_select import (
+            make_attention_backend,
+            select_attention_backend,
+        )
         from epd_engine.model.loader import load_language, load_vision
         from epd_engine.model.registry import load_model_config
         from epd_engine.runner import CacheShape, ModelRunner
@@ -95,7 +99,10 @@ class RunnerProbe:
         self.model = load_model_config(config.model_dir)
         dtype = dtype_of(config.dtype)
         vision = load_vision(config.model_dir, dtype, config.device)
-        language = load_language(config.model_dir, dtype, config.device)
+        # the kernels the engine would run here: FlashInfer (and decode graphs) on a GPU
+        backend = select_attention_backend(config.device, "auto", dtype, self.model.head_dim)
+        attention = make_attention_backend(backend, self.model, dtype, config.device)
+        language = load_language(config.model_dir, dtype, config.device, attention)
         self.shape = CacheShape(
             num_kv_blocks=config.num_kv_blocks,
             kv_block_size=config.kv_block_size,
@@ -103,7 +110,14 @@ class RunnerProbe:
             image_block_tokens=self.model.image_page_tokens,
             hidden_size=self.model.hidden_size,
         )
-        self.runner = ModelRunner(vision, language, self.shape, dtype, config.device, True)
+        self.max_context = min(
+            self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
+        )
+        self.runner = ModelRunner(
+            vision, language, self.shape, dtype, config.device, True,
+            max_decode_seqs=config.max_num_running, max_model_len=self.max_context + 1,
+            cuda_graphs=True,
+        )  # fmt: skip
         self.params = SamplingSpec(SamplingParams(max_tokens=1, temperature=0.0))
         self.pixels = vision.probe_pixels()  # one representative image
         self.image_tokens = vision.tokens_of(self.pixels)
@@ -112,9 +126,6 @@ class RunnerProbe:
             for side in VARIABLE_PROBE_SIDES:
                 pixels = vision.probe_pixels(side, side)
                 self.probes[vision.tokens_of(pixels)] = pixels
-        self.max_context = min(
-            self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
-        )
 
     def _table(self, num_tokens: int) -> list[int]:
         # Pages may be shared between probe tasks: only timing matters, not the values.
