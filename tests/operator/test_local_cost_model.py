@@ -192,3 +192,42 @@ def test_demo_loop_passes_the_cost_model_to_up(tmp_path: Path) -> None:
     args = up_args(Path("m.yaml"), Path("ckpt"), Path("runs"), 8090, Path("cost.json"))
     assert args[:3] == ["up", "-f", "m.yaml"] and args[-2:] == ["--cost-model", "cost.json"]
     assert "--cost-model" not in up_args(Path("m.yaml"), Path("ckpt"), Path("runs"), 8090)
+
+
+def test_up_announces_its_cost_model_and_warns_of_what_it_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No process starts here: ``LocalRun`` is built and its start-up events read."""
+    from epd_operator.local_run import LocalRun, Options
+
+    text = yaml.safe_dump(
+        {
+            "apiVersion": "epd.serving.dev/v1alpha1",
+            "kind": "EPDDeployment",
+            "metadata": {"name": "costs"},
+            "spec": {
+                **make_spec_dict(gpuBudget=2, disaggregation={"mode": "Auto"}),
+                "model": {"name": "tiny-llava", "source": {"preset": "tiny-llava"}},
+                "profiler": {"costModel": {"configMapName": "costs"}},
+            },
+        }
+    )
+    model_dir = tmp_path / "ckpt"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+
+    def events(cost_model: Path | None) -> str:
+        opts = Options("costs", "tiny-llava", model_dir, tmp_path / "run", 9, cost_model=cost_model)
+        LocalRun(opts, text)._announce_cost_model()
+        return capsys.readouterr().err
+
+    got = events(None)
+    assert f"CostModel: the profiler plans with {REFERENCE_LABEL}" in got
+    assert "CostModelNotRead: profiler.costModel (ConfigMap costs) is read in a cluster" in got
+    path = measured_file(tmp_path)
+    got = events(path)
+    assert f"CostModel: the profiler plans with {path} (profiled on cpu, tiny-llava)" in got
+    assert "CostModelMismatch: the cost model was profiled on a checkpoint" in got
+    assert "CostModelNotRead" not in got
+    with pytest.raises(ValueError, match="cannot read cost model"):
+        events(tmp_path / "missing.json")
