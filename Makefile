@@ -137,6 +137,6 @@ bench-gpu: venv ## GPU only: LLaVA-1.5-7B shapes, decode vs HBM floor, prefill, 
 .PHONY: bench-gpu
 
 demo-loop: venv model ## The loop closes on its own: epdctl up (Auto), text-heavy then image-heavy traffic, re-plans by itself (PNG timeline + JSON)
-	$(PY) -m epd_operator.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png
+	$(PY) -m epd_operator.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png $(if $(COST_MODEL),--cost-model $(COST_MODEL))
 
 .PHONY: demo-loop

@@ -7,6 +7,9 @@ Client-side measures: every request streams; TTFT is the first content chunk, TP
 gap after it ((e2e - TTFT) / (tokens - 1)); a request meets the SLO when both are within the
 manifest's. Switches come from the loop's state file, polled every second: "decided" when the
 plan changes, "serving" when that plan's rollout completes.
+
+``--cost-model FILE`` (``make demo-loop COST_MODEL=FILE``) has the loop plan with a cost model
+from ``epdctl profile-costs`` instead of the built-in reference (``epdctl up --cost-model``).
 """
 
 from __future__ import annotations
@@ -277,7 +280,8 @@ def plot(result: dict[str, Any], out: Path) -> None:
                 ax.axvline(s["serving_s"], color="tab:red", linewidth=1)
     fig.suptitle(
         f"epdctl up, mode: Auto (tiny model, CPU): {result['requests']} requests, "
-        f"{result['failed']} failed, {len(result['switches'])} switches "
+        f"{result['failed']} failed, {len(result['switches'])} switches; "
+        f"cost model: {result.get('cost_model', 'reference')}"
         "\n(red dashed: decided, red: new plan serving; black: workload shift; grey ticks: "
         "re-plans)"
     )
@@ -286,8 +290,23 @@ def plot(result: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def up_args(
+    file: Path, model_dir: Path, runs: Path, port: int, cost_model: Path | None = None
+) -> list[str]:
+    """``epdctl up``'s arguments for the demo (detached; the loop plans with ``cost_model``,
+    else the built-in reference)."""
+    args = ["up", "-f", str(file), "--model-dir", str(model_dir), "--runs-dir", str(runs),
+            "--port", str(port), "--detach", "--timeout", "600"]  # fmt: skip
+    return args if cost_model is None else [*args, "--cost-model", str(cost_model)]
+
+
 def run_demo(
-    model_dir: Path, work: Path, phases: list[tuple[str, float, float]], clients: int, port: int
+    model_dir: Path,
+    work: Path,
+    phases: list[tuple[str, float, float]],
+    clients: int,
+    port: int,
+    cost_model: Path | None = None,
 ) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     file = work / f"{NAME}.yaml"
@@ -295,16 +314,18 @@ def run_demo(
     runs = work / "runs"
     epdctl = [sys.executable, "-m", "epd_engine"]
     up = subprocess.run(
-        [*epdctl, "up", "-f", str(file), "--model-dir", str(model_dir), "--runs-dir", str(runs),
-         "--port", str(port), "--detach", "--timeout", "600"],
-        capture_output=True, text=True, timeout=700,
-    )  # fmt: skip
+        [*epdctl, *up_args(file, model_dir, runs, port, cost_model)],
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
     if up.returncode != 0:
         raise RuntimeError(f"epdctl up failed:\n{up.stdout}{up.stderr}")
     try:
         state = read_state(runs / NAME)
         assert state is not None
         t0 = time.monotonic()
+        cost_label = (state.get("status") or {}).get("cost_model", "")
         watcher = PlanWatcher(runs / NAME, t0)
         watcher.start()
         load = Workload(state["router_url"], clients, t0)
@@ -325,6 +346,7 @@ def run_demo(
     return {
         "manifest": manifest(budget=3),
         "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S, "attainment": 0.9},
+        "cost_model": cost_label or (str(cost_model) if cost_model else "reference"),
         "phases": phase_rows,
         "clients": clients,
         "requests": len(samples),
@@ -347,13 +369,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-seconds", type=float, default=150)
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--port", type=int, default=8090)
+    p.add_argument(
+        "--cost-model",
+        type=Path,
+        help="cost model JSON (`epdctl profile-costs`) the loop plans with; default: reference",
+    )
     args = p.parse_args(argv)
     phases = [("text-heavy", 0.9, args.phase_seconds), ("image-heavy", 0.1, args.phase_seconds)]
-    result = run_demo(args.model, args.work, phases, args.clients, args.port)
+    result = run_demo(args.model, args.work, phases, args.clients, args.port, args.cost_model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.png)
-    print(json.dumps({k: result[k] for k in ("requests", "failed", "switches")}, indent=2))
+    shown = ("cost_model", "requests", "failed", "switches")
+    print(json.dumps({k: result[k] for k in shown}, indent=2))
     return 0 if result["failed"] == 0 else 1
 
 

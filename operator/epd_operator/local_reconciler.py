@@ -5,7 +5,9 @@ One pass is the operator's (``controller.reconcile``) with the other backend: th
 comes from ``plan_pass.plan_pass`` (the router's trace window, ``loop.choose_plan`` with its
 hysteresis and cooldown), the pools are ``epdctl serve`` processes (``LocalPools``) and the
 rollout is ``rollout_driver.rollout_pass`` against the local router: new pools first, the
-routing switched and read back, old pools drained, then stopped.
+routing switched and read back, old pools drained, then stopped. The profiler plans with
+``cost_source`` (``epdctl up --cost-model FILE``, see ``cost_file``; else the built-in
+reference), over the ``shm`` link ``auto`` transfers use between processes of one host.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from epd_operator import resources as r
 from epd_operator.local_pools import LocalEngines, LocalPools
 from epd_operator.loop import WorkloadStats
 from epd_operator.plan_pass import PlanMemory, plan_pass
-from epd_operator.planner import MAX_PLAN_REQUESTS, PLAN_TIMEOUT_S, workload_stats
+from epd_operator.planner import (
+    MAX_PLAN_REQUESTS,
+    PLAN_TIMEOUT_S,
+    CostSource,
+    reference_cost,
+    workload_stats,
+)
 from epd_operator.rollout_driver import RolloutState, rollout_pass
 from epd_operator.router_api import RouterAPI
 from epd_operator.router_fleet import RouterFleet
@@ -54,6 +62,7 @@ class LocalStatus:
     conditions: dict[str, tuple[str, str, str]]  # type -> (status, reason, message)
     active_pools: list[str]
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost_model: str = ""  # what the profiler plans with (``cost_file.describe``)
 
     @property
     def complete(self) -> bool:
@@ -68,6 +77,7 @@ class LocalStatus:
             "conditions": {k: list(v) for k, v in self.conditions.items()},
             "active_pools": self.active_pools,
             "pools": self.pools,
+            "cost_model": self.cost_model,
         }
 
 
@@ -80,7 +90,10 @@ class LocalReconciler:
         router_timeout_s: float = 2.0,
         plan_timeout_s: float = PLAN_TIMEOUT_S,
         plan_max_requests: int = MAX_PLAN_REQUESTS,
+        cost_source: CostSource = reference_cost,
     ) -> None:
+        """``cost_source`` is called once here for its label (a local source is a file read
+        at start or the reference: it does not fail) and again by each profiler run."""
         self.name = name
         self.engines = engines
         self.pools = LocalPools(engines)
@@ -89,6 +102,8 @@ class LocalReconciler:
         self.post_event = post_event
         self.plan_timeout_s = plan_timeout_s
         self.plan_max_requests = plan_max_requests
+        self.cost_source = cost_source
+        self.cost_label = cost_source()[1]
         self.memory = PlanMemory()
         self.state = RolloutState()
         self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
@@ -112,6 +127,8 @@ class LocalReconciler:
             self.post_event,
             plan_timeout_s=self.plan_timeout_s,
             plan_max_requests=self.plan_max_requests,
+            cost_source=self.cost_source,
+            same_host=True,  # every pool is a process on this host
         )
         self.memory = passed.memory
         plan = passed.plan
@@ -148,6 +165,7 @@ class LocalReconciler:
                 p.name: {"role": p.role.value, "replicas": p.replicas, "ready": p.ready}
                 for p in self.pools.observe_pools().values()
             },
+            cost_model=self.cost_label,
         )
 
     def restart_dead(self) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from epd_engine.gpu_placement import GpuSlots, visible_gpus
+from epd_operator.cost_file import checkpoint_mismatch, cost_source
 from epd_operator.local_pools import LocalEngines
 from epd_operator.local_reconciler import LocalReconciler, LocalStatus, engine_args
 from epd_operator.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
@@ -75,6 +76,7 @@ class Options:
     dtype: str = "float32"
     interval_s: float = 1.0
     timeout_s: float = 300.0  # the first rollout must complete within this
+    cost_model: Path | None = None  # --cost-model: what the profiler plans with (else reference)
 
 
 def _log(kind: str, reason: str, message: str) -> None:
@@ -101,7 +103,8 @@ class LocalRun:
             engine_args(self.spec), opts.device, opts.dtype,
             gpu_slots=_gpu_slots(opts.device, self.spec),
         )  # fmt: skip
-        self.reconciler = LocalReconciler(opts.name, engines, _log)
+        costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
+        self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
         self.status: LocalStatus | None = None
         self.ready = False
         self.stopping = False
@@ -116,6 +119,25 @@ class LocalRun:
         if deployment.spec.model.name != self.opts.model_name:
             return "model.name cannot change on a running deployment (restart it)"
         return deployment.spec
+
+    def _announce_cost_model(self) -> None:
+        _log("Normal", "CostModel", f"the profiler plans with {self.reconciler.cost_label}")
+        model, _ = self.reconciler.cost_source()
+        if self.opts.cost_model is not None:
+            why = checkpoint_mismatch(model, self.opts.model_dir)
+            if why:
+                _log("Warning", "CostModelMismatch", why)
+            return
+        spec = self.spec
+        assert not isinstance(spec, str)
+        ref = spec.profiler.cost_model
+        if ref is not None:
+            _log(
+                "Warning",
+                "CostModelNotRead",
+                f"profiler.costModel (ConfigMap {ref.config_map_name}) is read in a cluster "
+                "only; pass `epdctl up --cost-model FILE` to plan with a measured model",
+            )
 
     def _start_router(self) -> None:
         spec = self.spec
@@ -207,6 +229,7 @@ class LocalRun:
         signal.signal(signal.SIGTERM, _terminate)
         started = time.monotonic()
         try:
+            self._announce_cost_model()
             self._start_router()
             self.write_state()
             announced = False

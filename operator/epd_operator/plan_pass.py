@@ -95,7 +95,11 @@ def plan_pass(
     cost_source: CostSource = reference_cost,
     plan_timeout_s: float = PLAN_TIMEOUT_S,
     plan_max_requests: int = MAX_PLAN_REQUESTS,
+    same_host: bool = False,
 ) -> PlanPassResult:
+    """One pass's plan. ``cost_source`` names the cost model the profiler plans with (its
+    label ends up in the plan's reason); ``same_host``: the pools are local processes."""
+
     def since(t: datetime | None) -> float:
         return (now - t).total_seconds() if t else float("inf")
 
@@ -107,7 +111,11 @@ def plan_pass(
     if replan_due(spec, memory.plan, since_plan):  # Auto only; the window is read only then
         records, stats = read_workload()
         planner = auto_planner(
-            records, cost_source, timeout_s=plan_timeout_s, max_requests=plan_max_requests
+            records,
+            cost_source,
+            timeout_s=plan_timeout_s,
+            max_requests=plan_max_requests,
+            same_host=same_host,
         )
     started = time.perf_counter()
     choice = choose_plan(

@@ -135,6 +135,7 @@ def profiler_proposal(
     max_requests: int = MAX_PLAN_REQUESTS,
     num_in_window: int | None = None,
     current: Plan | None = None,
+    same_host: bool = False,
 ) -> Proposal:
     """The highest-goodput plan for the trace, by exhaustive simulated search, and the
     ``current`` plan's goodput simulated on the same sample (to compare them fairly).
@@ -143,14 +144,15 @@ def profiler_proposal(
     encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. The plan carries
     ``predicted`` (goodput, p90 TTFT/TPOT at it) and its trace provenance; batch budgets are
     left out (each engine measures its own at start-up). ``num_in_window``: how many requests
-    ``records`` was sampled from, if it was. Raises PlanningError when no candidate meets the
-    SLOs at any rate.
+    ``records`` was sampled from, if it was. ``same_host``: every instance runs on one host
+    (``epdctl up``), so ``auto`` transfers map a peer's memory. Raises PlanningError when no
+    candidate meets the SLOs at any rate.
     """
     if not records:
         raise PlanningError("the trace window is empty")
     sample = subsample(records, max_requests)
     # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp.
-    cost = cost.for_backend(spec.engine.transfer_backend, same_host=False)
+    cost = cost.for_backend(spec.engine.transfer_backend, same_host=same_host)
     slo = spec.slo.to_slo()
     num_instances = instances_allowed(spec)
     methods = methods_for(sample)
@@ -231,13 +233,14 @@ def _plan_in_child(
     cost_label: str,
     num_in_window: int,
     current: Plan | None,
+    same_host: bool,
 ) -> None:
     # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
     # report as leaked when this process ends; the search is single-threaded here.
     tqdm.set_lock(threading.RLock())
     try:
         got = profiler_proposal(
-            spec, records, cost, cost_label, len(records), num_in_window, current
+            spec, records, cost, cost_label, len(records), num_in_window, current, same_host
         )
         reply = (got.plan.model_dump_json(), got.current_goodput_rps, got.num_simulations)
         conn.send((True, reply))
@@ -257,6 +260,7 @@ def bounded_profiler_plan(
     timeout_s: float = PLAN_TIMEOUT_S,
     max_requests: int = MAX_PLAN_REQUESTS,
     current: Plan | None = None,
+    same_host: bool = False,
 ) -> Proposal:
     """``profiler_proposal`` in a child process (spawned: the operator's threads are not forked),
     killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
@@ -269,7 +273,7 @@ def bounded_profiler_plan(
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_plan_in_child,
-        args=(send, spec, sample, cost, cost_label, len(records), current),
+        args=(send, spec, sample, cost, cost_label, len(records), current, same_host),
         name="epd-plan-search",
         daemon=True,
     )
@@ -302,9 +306,11 @@ def auto_planner(
     no_trace_why: str = "router trace unavailable",
     timeout_s: float = PLAN_TIMEOUT_S,
     max_requests: int = MAX_PLAN_REQUESTS,
+    same_host: bool = False,
 ) -> Planner:
     """The planner ``choose_plan`` calls in Auto mode, for this pass's trace window
     (``records``; None when the trace could not be read, ``no_trace_why`` says why).
+    ``same_host``: local mode's instances share one host (see ``profiler_proposal``).
 
     At least ``profiler.minRequests`` records: the bounded profiler, which also re-simulates
     the current plan. Otherwise, or when the cost model cannot be read or the search fails:
@@ -328,7 +334,7 @@ def auto_planner(
         try:
             cost, label = cost_source()
             return bounded_profiler_plan(
-                spec, records, cost, label, timeout_s, max_requests, current
+                spec, records, cost, label, timeout_s, max_requests, current, same_host
             )
         except (PlanningError, ValueError) as exc:
             return cannot(f"profiler gave no plan: {exc}")

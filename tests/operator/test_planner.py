@@ -116,7 +116,8 @@ def test_an_slo_no_plan_can_meet_is_a_planning_error() -> None:
 
 
 def test_pods_plan_over_the_link_their_transfer_backend_uses() -> None:
-    """Pods cannot map each other's memory, so ``auto`` plans with the measured tcp link."""
+    """Pods cannot map each other's memory, so ``auto`` plans with the measured tcp link;
+    local processes can, so local mode's ``auto`` plans with shm."""
     fast, slow = LinkCoeffs(1e-4, 50e9), LinkCoeffs(0.5, 1e6)
     cost = dataclasses.replace(reference_cost_model(), links={"shm": fast, "tcp": slow})
     records = trace("textvqa", 100)
@@ -124,6 +125,9 @@ def test_pods_plan_over_the_link_their_transfer_backend_uses() -> None:
     assert auto.reason.endswith("cost model: measured, tcp link")
     shm = auto_spec(gpuBudget=2, engine={"transferBackend": "shm"})
     assert profiler_plan(shm, records, cost, "measured").reason.endswith(", shm link")
+    # local mode (`epdctl up`): every instance on one host, so auto maps a peer's memory
+    local = profiler_proposal(auto_spec(gpuBudget=2), records, cost, "measured", same_host=True)
+    assert local.plan.reason.endswith("cost model: measured, shm link")
     plain = profiler_plan(auto_spec(gpuBudget=2), records, reference_cost_model(), "ref")
     assert plain.reason.endswith("cost model: ref")  # no measured links: the stored one
 

@@ -17,6 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser("up", help="run an EPDDeployment manifest locally (router + pools)")
     up.add_argument("-f", "--file", required=True, type=Path, help="EPDDeployment manifest")
     up.add_argument("--plan", type=Path, help="plan JSON (from `epdctl plan`) for mode Auto")
+    up.add_argument(
+        "--cost-model",
+        type=Path,
+        help="cost model JSON (from `epdctl profile-costs`) the reconcile loop plans with; "
+        "default: the built-in reference (LLaVA-1.5-7B on an H800-class GPU)",
+    )
     up.add_argument("--port", type=int, default=8080, help="router port on 127.0.0.1")
     up.add_argument("--model-dir", type=Path, help="checkpoint directory (overrides the source)")
     up.add_argument("--models-dir", type=Path, default=Path("models"), help="where presets go")
@@ -92,6 +98,11 @@ def run_up(args: argparse.Namespace) -> int:
     deployment, plan = _load(args)
     if _reconciled(args, deployment):
         return _run_reconciled(args, deployment)
+    if args.cost_model is not None:
+        raise UserError(
+            "--cost-model is for the reconcile loop's planner: it needs mode Auto without "
+            "--plan, or --reconcile (this run serves one static plan)"
+        )
     assert plan is not None
     spec = deployment.spec
     slo = spec.slo.to_slo()
@@ -163,9 +174,15 @@ def run_up(args: argparse.Namespace) -> int:
 def _run_reconciled(args: argparse.Namespace, deployment) -> int:
     """The reconcile loop on local processes (``epd_operator.local_run``): plans (Auto),
     rolls out, and follows `epdctl apply` until stopped."""
+    from epd_operator.cost_file import cost_source
     from epd_operator.local_run import LocalRun, Options
 
     run_dir = args.runs_dir / deployment.name
+    if args.cost_model is not None:  # refuse a bad file before anything starts
+        try:
+            cost_source(args.cost_model)
+        except ValueError as exc:
+            raise UserError(f"--cost-model: {exc}") from exc
     if args.detach:
         return _detach(args, run_dir)
     _refuse_or_clear_old_run(run_dir)
@@ -178,6 +195,7 @@ def _run_reconciled(args: argparse.Namespace, deployment) -> int:
         device=args.device,
         dtype="float32" if args.device == "cpu" else deployment.spec.model.dtype,
         timeout_s=args.timeout,
+        cost_model=args.cost_model,
     )
     mode = deployment.spec.disaggregation.mode
     print(f"starting the reconcile loop ({mode}) for {deployment.spec.model.name}", flush=True)
@@ -302,6 +320,12 @@ def run_status(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         raise UserError(f"router {url} does not answer: {exc}") from exc
     print(f"{name}: {url}/v1")
+    loop = state.get("status")
+    if isinstance(loop, dict):  # the reconcile loop's last pass
+        print(f"plan {loop.get('plan')} (revision {loop.get('revision')}, {loop.get('phase')})")
+        print(f"  reason: {loop.get('reason')}")
+        if loop.get("cost_model"):
+            print(f"  the profiler plans with: {loop['cost_model']}")
     print(f"{'POOL':<24}{'ROLE':<6}{'INSTANCES':>10}{'IN-FLIGHT':>11}  ACTIVE")
     for pool, info in sorted(pools["pools"].items()):
         active = "yes" if info["active"] else "draining"
