@@ -40,6 +40,19 @@ def main() -> int:
         prefill.run(torch.randn(pages * page, heads, head_dim, dtype=dtype, device="cuda"), cache)
         torch.cuda.synchronize()
         print(f"prefill {dtype}: {time.perf_counter() - start:.1f} s", flush=True)
+        start = time.perf_counter()  # the layer ops (model/layer_ops.py)
+        x, r = (torch.randn(4, 4096, dtype=dtype, device="cuda") for _ in range(2))
+        w = torch.randn(4096, dtype=dtype, device="cuda")
+        flashinfer.norm.rmsnorm(x, w, 1e-5)
+        flashinfer.norm.fused_add_rmsnorm(x, r, w, 1e-5)
+        flashinfer.activation.silu_and_mul(torch.randn(4, 2 * 11008, dtype=dtype, device="cuda"))
+        table = torch.randn(4096, head_dim, device="cuda")
+        q = torch.randn(4, heads * head_dim, dtype=dtype, device="cuda")
+        k = torch.randn(4, heads * head_dim, dtype=dtype, device="cuda")
+        positions = torch.arange(4, device="cuda")
+        flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, table)
+        torch.cuda.synchronize()
+        print(f"norm, activation, rope {dtype}: {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 
 

@@ -12,20 +12,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LLaMA RMSNorm: normalise in float32, scale in the input dtype."""
+    input_dtype = x.dtype
+    x32 = x.float()
+    variance = x32.pow(2).mean(-1, keepdim=True)
+    x32 = x32 * torch.rsqrt(variance + eps)
+    return weight * x32.to(input_dtype)
 
+
+class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        input_dtype = x.dtype
-        x32 = x.float()
-        variance = x32.pow(2).mean(-1, keepdim=True)
-        x32 = x32 * torch.rsqrt(variance + self.eps)
-        return self.weight * x32.to(input_dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(

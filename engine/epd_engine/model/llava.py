@@ -9,6 +9,7 @@ paged KV cache behind an injected ``AttentionBackend``. Parameter names mirror t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,14 +17,13 @@ from torch import nn
 from epd_engine.model.attention import AttentionBackend, AttentionBatch, AttentionMetadata
 from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
+from epd_engine.model.layer_ops import LayerOps, layer_ops_for
 from epd_engine.model.layers import (
     ClipEncoderLayer,
     ClipVisionEmbeddings,
     RMSNorm,
     SwiGLUMLP,
     activation,
-    apply_rope,
-    rope_cos_sin,
 )
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
@@ -100,8 +100,11 @@ class LlavaVision(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend) -> None:
+    def __init__(
+        self, config: LlavaModelConfig, attention: AttentionBackend, ops: LayerOps
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
@@ -113,38 +116,43 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, H]
-        cos: torch.Tensor,  # [T, D]
-        sin: torch.Tensor,  # [T, D]
+        rope: Any,  # LayerOps.rope_state of this forward's positions
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)  # [T, Hq, D]
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = self.ops.rope(q, k, rope, self.head_dim)  # [T, Hq, D], [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         out = self.attention.forward(q, k, v, kv_cache, meta, self.head_dim**-0.5)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend) -> None:
+    def __init__(self, config: LlavaModelConfig, attention: AttentionBackend, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, attention)
+        self.self_attn = LlamaAttention(config, attention, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [T, H]
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        hidden: torch.Tensor,  # [T, H]: the previous layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, H]: the stream before it; None in layer 0
+        rope: Any,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this MLP's output, the stream before it)
+        ops, norm1, norm2 = self.ops, self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            residual, x = hidden, ops.rms_norm(hidden, norm1.weight, norm1.eps)
+        else:
+            x, residual = ops.add_rms_norm(hidden, residual, norm1.weight, norm1.eps)
+        attended = self.self_attn(x, rope, kv_cache, meta)
+        x, residual = ops.add_rms_norm(attended, residual, norm2.weight, norm2.eps)
+        return self.mlp.down_proj(ops.silu_mul(self.mlp.gate_up_proj(x))), residual
 
 
 class LlavaLanguage(nn.Module):
@@ -154,9 +162,12 @@ class LlavaLanguage(nn.Module):
         super().__init__()
         self.config = config
         self.attention: AttentionBackend = attention or TorchPagedAttention()
+        self.ops = layer_ops_for(
+            self.attention, config.max_position_embeddings, config.head_dim, config.rope_theta
+        )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.attention) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, self.attention, self.ops) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -189,14 +200,19 @@ class LlavaLanguage(nn.Module):
         written when the kernel ends, not when the call returns: a GPU caller records an
         event here and waits on it before copying.)"""
         hidden = inputs_embeds.to(self.embed_tokens.weight.dtype)
-        cos, sin = rope_cos_sin(
-            positions.to(hidden.device), self.config.head_dim, self.config.rope_theta, hidden.dtype
-        )
+        if self.ops.in_place:
+            hidden = hidden.clone()  # the residual stream is updated in place: not the caller's
+        config, ops = self.config, self.ops
+        rope = ops.rope_state(positions.to(hidden.device), config.head_dim, config.rope_theta,
+                              hidden.dtype)  # fmt: skip
+        residual: torch.Tensor | None = None
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            hidden = layer(hidden, cos, sin, kv_cache, meta)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
             if layer_written is not None:
                 layer_written(index)
-        return self.norm(hidden)
+        if residual is None:  # no layers
+            return ops.rms_norm(hidden, self.norm.weight, self.norm.eps)
+        return ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] float32
         return self.lm_head(hidden).float()
