@@ -46,7 +46,12 @@ TAIL=20 step tests 200 "${PYTEST[@]}" tests/engine/model/test_gpu_parity.py \
 step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$OUT/gpu-torch.json"
 TAIL=16 step bench-transfer-gpu 150 $PY -m epd_engine.bench.transfer_gpu --out "$OUT/transfer-gpu.json"
 wait "$warm_pid"; SUMMARY+="flashinfer-warm: rc=$?"$'\n'; tail -4 "$OUT/flashinfer-warm.log"
-TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashinfer_gpu.py
+TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashinfer_gpu.py \
+  tests/engine/model/test_layer_ops.py
 step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer \
   --out "$OUT/gpu-flashinfer.json"
+# The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
+TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
+  --model /tmp/llava-1.5-7b --device cuda --dtype float16 --num-kv-blocks 4096 --rounds 2 \
+  --no-progress --out "$OUT/cost-gpu.json"
 echo "$SUMMARY" | tee -a "$LOG"
