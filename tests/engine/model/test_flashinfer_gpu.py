@@ -165,9 +165,13 @@ def make_runner(language: LlavaLanguage, graphs: bool) -> ModelRunner:
 
 
 @torch.inference_mode()
-def generate(runner: ModelRunner) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
+def generate(
+    runner: ModelRunner, forced: dict[str, list[int]] | None = None
+) -> tuple[dict[str, list[int]], list[torch.Tensor]]:
     """Prefill three prompts, decode; a fourth prompt's prefill joins the decodes at step 3
-    (a mixed step), the third request stops after step 8 (4 decodes -> 3)."""
+    (a mixed step), the third request stops after step 8 (4 decodes -> 3). ``forced``: feed
+    these tokens instead of this run's own argmax (teacher forcing), so two runs' logits
+    stay comparable after a near-tie."""
     prompts = {f"r{i}": p for i, p in enumerate([*PROMPTS, LATE_PROMPT])}
     tables = {rid: list(range(i * 40, (i + 1) * 40)) for i, rid in enumerate(prompts)}
     out: dict[str, list[int]] = {rid: [] for rid in prompts}
@@ -182,7 +186,8 @@ def generate(runner: ModelRunner) -> tuple[dict[str, list[int]], list[torch.Tens
         logits = runner.language.compute_logits(hidden)
         logits_seen.append(logits.clone())
         for task, token in zip(tasks, logits.argmax(-1).tolist(), strict=True):
-            out[task.request_id].append(token)
+            rid = task.request_id
+            out[rid].append(forced[rid][len(out[rid])] if forced else token)
         if step == 3:
             live.append("r3")
         if step == 8:
@@ -224,7 +229,20 @@ def test_greedy_tokens_match_with_flashinfer_and_cuda_graphs():
         if graphs:
             assert replays == STEPS - 2  # every decode-only step replayed a graph
     want_tokens, want_logits = generate(make_runner(reference, False))
-    for name, (tokens, logits) in runs.items():
-        assert tokens == want_tokens, name
+    # FlashInfer with and without graphs: the same kernels, the same tokens.
+    assert runs["flashinfer"][0] == runs["flashinfer+graphs"][0]
+    # Against torch (attention, norms, RoPE all differ in float16 rounding), fed the same
+    # tokens: logits within 1e-2, and the same argmax wherever torch's top two are apart.
+    # (Free-running, one near-tie of this random-weight model flipped a late token of one
+    # request on an H200, 2026-11-26.)
+    for name, graphs in (("flashinfer", False), ("flashinfer+graphs", True)):
+        language = LlavaLanguage(config, flashinfer_backend(4, 2, 128))
+        language.load_state_dict(state)
+        _, logits = generate(
+            make_runner(language.to(CUDA, FP16).eval(), graphs), forced=want_tokens
+        )
         for got, want in zip(logits, want_logits, strict=True):
             assert rel_error(got, want) < 1e-2, name
+            top2 = want.float().topk(2, dim=-1).values
+            decisive = (top2[:, 0] - top2[:, 1]) > 0.02 * want.float().abs().amax(dim=-1)
+            assert torch.equal(got.argmax(-1)[decisive], want.argmax(-1)[decisive]), name
