@@ -19,7 +19,7 @@ def rank_main(rank: int, gpu: int, ids: mp.Queue, results: mp.Queue) -> None:
             uid = nccl.get_unique_id()
             ids.put(list(uid))
         else:
-            uid = tuple(ids.get(timeout=30))
+            uid = bytes(v & 0xFF for v in ids.get(timeout=30))  # CuPy 14 takes bytes
         comm = nccl.NcclCommunicator(2, uid, rank)
         buf = cupy.full(32 << 20, rank, dtype=cupy.float16)
         stream = cupy.cuda.Stream.null

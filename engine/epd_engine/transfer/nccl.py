@@ -1,8 +1,9 @@
 """The ``Communicator`` on NCCL through CuPy: a two-rank group per peer pair, on GPUs.
 
 Formed like the gloo pair (``communicator.form_pair``): the store's host makes NCCL's unique
-id (``nccl.get_unique_id()``, a tuple of ints) and shares it through the rendezvous store
-as JSON; both ranks then create ``NcclCommunicator(2, unique_id, rank)`` on the caches' GPU.
+id (``nccl.get_unique_id()``: bytes, or a tuple of ints before CuPy 14) and shares it
+through the rendezvous store as JSON; both ranks then create
+``NcclCommunicator(2, unique_id, rank)`` on the caches' GPU.
 ``send``/``recv`` move a tensor's bytes (``NCCL_UINT8``) on the pair's own stream and wait
 for its event in the calling thread, polling so that a timeout, a ``close`` or an NCCL
 error (a peer that aborted) ends the wait; the group is then aborted. CPU tensors (the
@@ -39,6 +40,23 @@ def cupy_nccl() -> Any:
     return nccl
 
 
+def unique_id_forms(values: tuple[int, ...]) -> list[bytes | tuple[int, ...]]:
+    """The id as each CuPy takes it: bytes (CuPy 14, seen on an H200 machine) or a tuple of C
+    chars (earlier CuPy, signed: -128..127)."""
+    return [bytes(v & 0xFF for v in values), tuple(values)]
+
+
+def communicator(nccl: Any, values: tuple[int, ...], rank: int) -> Any:
+    """``NcclCommunicator(2, id, rank)`` with the id in this CuPy's form (a wrong form is a
+    TypeError before NCCL is called, so trying the next one is safe)."""
+    for form in unique_id_forms(values):
+        try:
+            return nccl.NcclCommunicator(2, form, rank)
+        except TypeError as exc:
+            error = exc
+    raise RuntimeError(f"CuPy's NcclCommunicator takes neither id form: {error}")
+
+
 class NcclPair:
     def __init__(self, store: dist.Store, key: str, rank: int, device: torch.device) -> None:
         nccl = cupy_nccl()  # first: a clear RuntimeError without CuPy
@@ -52,7 +70,7 @@ class NcclPair:
         self._cupy_device = cupy.cuda.Device(self.device.index)
         unique_id = share_unique_id(store, key, rank, nccl.get_unique_id)
         with self._cupy_device:
-            self._comm = nccl.NcclCommunicator(2, unique_id, rank)
+            self._comm = communicator(nccl, unique_id, rank)
         self._stream = torch.cuda.Stream(self.device)
         self._closed = threading.Event()
 

@@ -93,3 +93,19 @@ async def test_the_backend_is_named_after_its_communicator() -> None:
             CollectiveBackend(regions, Exports(), http, "t", communicator="nccl")
         with pytest.raises(ValueError, match="unknown communicator"):
             CollectiveBackend(regions, Exports(), http, "t", communicator="mpi")
+
+
+def test_nccl_unique_id_in_each_cupy_form() -> None:
+    """The defect: CuPy 14 refused the id as a tuple ("expected bytes, got tuple") on an H200
+    machine, so no nccl group ever formed; ids come as bytes there, as signed chars before."""
+    from epd_engine.transfer.nccl import communicator, unique_id_forms
+
+    assert unique_id_forms((-3, 0, 127, 5)) == [bytes([253, 0, 127, 5]), (-3, 0, 127, 5)]
+
+    class Cupy14:
+        def NcclCommunicator(self, size: int, uid: object, rank: int) -> tuple:
+            if not isinstance(uid, bytes):
+                raise TypeError("Argument 'commId' has incorrect type (expected bytes, got tuple)")
+            return (size, uid, rank)
+
+    assert communicator(Cupy14(), (1, 2), 1) == (2, b"\x01\x02", 1)
