@@ -18,6 +18,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import torch
 
 from epd_engine.cache.kv_cache import blocks_needed
 from epd_engine.request import CacheKind
@@ -71,6 +74,36 @@ class PrefillWatch:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event.wait(), wait_s)
         return self.answer()
+
+
+class DeviceEvent(Protocol):
+    def synchronize(self) -> None: ...
+
+
+def record_layer_event(device: torch.device) -> DeviceEvent | None:
+    """On a GPU, an event after the kernels queued so far (a layer's K/V writes): the layer
+    is written when it completes, not when ``layer_written`` is called. None on a CPU."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def publish_layer(layer: int, ends: list[tuple[PrefillWatch, int]]) -> None:
+    for watch, chunk_end in ends:
+        watch.written[layer] = chunk_end
+
+
+async def publish_layer_when_done(
+    event: DeviceEvent, layer: int, ends: list[tuple[PrefillWatch, int]]
+) -> None:
+    """Event loop: publish a layer once its GPU work is done (waited for off the loop), so
+    a target never pulls pages the source's kernels are still writing."""
+    await asyncio.to_thread(event.synchronize)
+    publish_layer(layer, ends)
+    for watch, _ in ends:
+        watch.changed()
 
 
 class SourceEnded(Exception):

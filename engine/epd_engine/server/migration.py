@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import cast
 
 import httpx
@@ -32,10 +32,14 @@ from epd_engine.router.policy import InstanceLoad, LeastLoaded
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.server.early_handoff import (
     ENDED_KEPT_S,
+    DeviceEvent,
     PrefillWatch,
     SourceEnded,
     layer_groups,
+    publish_layer,
+    publish_layer_when_done,
     pull_groups,
+    record_layer_event,
 )
 from epd_engine.server.router_link import RouterLink
 from epd_engine.transfer.backend import Exports, PageTransfer, Peer, TransferBackend, TransferError
@@ -86,6 +90,10 @@ class MigrationManager:
         # ... and make each layer of a prefill whose KV migrates this much slower
         self.layer_delay_s = float(env_str("FAULT_LAYER_DELAY_S", "0"))
         self._tasks: set[asyncio.Task[None]] = set()
+        device = engine.engine.runner.device
+        self.record_layer_event: Callable[[], DeviceEvent | None] = lambda: record_layer_event(
+            device
+        )
         engine.on_handoff = self.on_handoff
         engine.on_pull = self.on_pull
         engine.on_evicted = self.on_evicted
@@ -240,9 +248,14 @@ class MigrationManager:
             return None
 
         def layer_written(layer: int) -> None:
-            for watch in watches:
-                watch.written[layer] = watch.chunk_end
-            self.loop.call_soon_threadsafe(_changed, watches)
+            ends = [(watch, watch.chunk_end) for watch in watches]
+            event = self.record_layer_event()
+            if event is None:  # CPU: the layer is written now
+                publish_layer(layer, ends)
+                self.loop.call_soon_threadsafe(_changed, watches)
+            else:  # GPU: once its kernels are done
+                publish = publish_layer_when_done(event, layer, ends)
+                self.loop.call_soon_threadsafe(self._spawn, publish)
             if self.layer_delay_s:
                 time.sleep(self.layer_delay_s)
 

@@ -116,3 +116,30 @@ def test_a_poll_waits_for_a_newer_version_and_returns_at_once_when_there_is_one(
         assert unchanged.version == 1
 
     asyncio.run(scenario())
+
+
+async def test_a_gpu_layer_is_published_only_once_its_kernels_are_done() -> None:
+    """The defect: on a GPU ``layer_written`` runs when a layer's kernels are *queued*, and the
+    source published the layer then, so a target could copy pages still being written. Now
+    the layer is published after its CUDA event completes. (A CUDA event cannot exist here:
+    a stand-in whose ``synchronize`` blocks until the test releases it.)"""
+    import threading
+
+    from epd_engine.server.early_handoff import publish_layer_when_done
+
+    class HeldEvent:
+        def __init__(self) -> None:
+            self.released = threading.Event()
+
+        def synchronize(self) -> None:
+            assert self.released.wait(5)
+
+    watch = PrefillWatch("r1", 2, asyncio.get_running_loop())
+    event = HeldEvent()
+    publishing = asyncio.ensure_future(publish_layer_when_done(event, 1, [(watch, 64)]))
+    await asyncio.sleep(0.05)
+    assert watch.answer().written == [0, 0] and watch.answer().version == 0  # still running
+    event.released.set()
+    await asyncio.wait_for(publishing, 5)
+    progress = watch.answer()
+    assert progress.written == [0, 64] and progress.version == 1
