@@ -1,6 +1,6 @@
 """FlashInfer paged attention on the per-step seam (``attention.AttentionBackend``).
 
-NOT VERIFIED ON A GPU yet (see docs/ARCHITECTURE.md, "Attention backends and CUDA graphs").
+Run on an H200 (docs/gpu.md; tests/engine/model/test_flashinfer_gpu.py).
 
 ``prepare`` (once per step) builds the shared metadata, then plans
 ``BatchDecodeWithPagedKVCacheWrapper`` for the decode group and

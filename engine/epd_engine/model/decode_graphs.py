@@ -1,6 +1,6 @@
 """CUDA graphs of the language model's decode forward, one per bucket, captured at start-up.
 
-NOT VERIFIED ON A GPU yet (see docs/ARCHITECTURE.md, "Attention backends and CUDA graphs").
+Run on an H200 (docs/gpu.md; tests/engine/model/test_flashinfer_gpu.py).
 
 Each graph runs embed -> layers -> final norm over the persistent decode buffers
 (``input_buffers.DecodeBuffers``) at one padded batch size, with the attention backend's

@@ -11,7 +11,7 @@ A pull is device-to-device copies from the source's pages straight into ours
 for the default stream (our pages may have been in use there); a worker thread waits on the
 copy's event, so the event loop never blocks. Peers name the GPU by UUID: a source GPU this
 process cannot see (``CUDA_VISIBLE_DEVICES``) refuses the connect, and ``auto`` goes on with
-``nccl``. Not verified on a GPU until the lead's GPU run (docs/ARCHITECTURE.md).
+``nccl``. Run on an H200: a 640-token 7B KV cache in about 1 ms (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ protocol's small headers) are staged through the GPU. Tags are not needed: NCCL 
 sends and receives in order per pair, and the collective backend keeps that order.
 
 NCCL refuses two ranks of one group on one GPU ("Duplicate GPU"): same-GPU peers use
-``cuda_ipc``. Not verified on a GPU until the lead's GPU run (docs/ARCHITECTURE.md).
+``cuda_ipc``. Not verified on a GPU: the one-GPU machine it ran on refused two ranks on
+its GPU at NCCL's init (docs/gpu.md).
 """
 
 from __future__ import annotations
