@@ -34,6 +34,7 @@ def local_system(
     engine_args: tuple[str, ...] = (),
     progress_timeout_s: float = 60.0,
     supervised: bool = False,
+    device: str = "cpu",
 ) -> Iterator[LocalSystem]:
     spec = LaunchSpec(
         name="test",
@@ -46,6 +47,7 @@ def local_system(
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
         progress_timeout_s=progress_timeout_s,
+        device=device,
     )
     system = LocalSystem(spec)
     system.start()
