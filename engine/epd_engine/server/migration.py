@@ -90,9 +90,9 @@ class MigrationManager:
         # ... and make each layer of a prefill whose KV migrates this much slower
         self.layer_delay_s = float(env_str("FAULT_LAYER_DELAY_S", "0"))
         self._tasks: set[asyncio.Task[None]] = set()
-        device = engine.engine.runner.device
+        # engine thread, after a layer's kernels are queued (a test may stand one in)
         self.record_layer_event: Callable[[], DeviceEvent | None] = lambda: record_layer_event(
-            device
+            self.engine.engine.runner.device
         )
         engine.on_handoff = self.on_handoff
         engine.on_pull = self.on_pull
