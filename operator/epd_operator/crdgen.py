@@ -70,6 +70,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
         elif key == "const":
             out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020 (pydantic's gt/lt) gives the bound; Kubernetes' OpenAPI v3
+            # wants the bound in minimum/maximum and a boolean here
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound], out[key] = value, True
         else:
             out[key] = _structural(value, defs)
     if "enum" in out and "type" not in out:

@@ -300,7 +300,7 @@ class EngineSpec(_Model):
         "gpuMemoryFraction of the card leaves once the weights are loaded.",
     )
     gpu_memory_fraction: float = Field(
-        default=0.9, gt=0, le=1, description="Share of its GPU an instance may use."
+        default=0.9, ge=0.01, le=1, description="Share of its GPU an instance may use."
     )
     num_image_blocks: int = Field(
         default=64, ge=1, description="Pages of the image-embedding cache."

@@ -30,6 +30,8 @@ def test_schema_is_structural() -> None:
         if isinstance(node, dict):
             for bad in ("$ref", "anyOf", "title", "$defs"):
                 assert bad not in node, f"{path} has {bad}"
+            for bound in ("exclusiveMinimum", "exclusiveMaximum"):  # Kubernetes: a boolean
+                assert isinstance(node.get(bound, True), bool), f"{path}.{bound}"
             if "properties" in node:
                 assert node.get("type") == "object", path
                 assert "additionalProperties" not in node, path
@@ -51,3 +53,10 @@ def test_method_enum_and_cel_rules_present() -> None:
     assert len(dis["x-kubernetes-validations"]) == 3
     assert "gpuBudget" in spec["x-kubernetes-validations"][0]["rule"]
     assert spec["required"] == ["model", "gpuBudget"]
+
+
+def test_strict_bounds_take_the_kubernetes_form() -> None:
+    """The defect: pydantic's ``gt=0`` became ``exclusiveMinimum: 0`` and the API server
+    refused the whole CRD ("expected boolean"), so every k8s test errored at setup."""
+    schema = crdgen._structural({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, {})
+    assert schema == {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}
