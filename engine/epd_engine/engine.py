@@ -18,7 +18,7 @@ from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.kv_sizing import CPU_KV_BLOCKS, cuda_memory, kv_block_bytes, kv_blocks_for_memory
-from epd_engine.model.attention_select import make_attention_backend, select_attention_backend
+from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
@@ -87,11 +87,9 @@ class LLMEngine:
         vision = load_vision(config.model_dir, dtype, config.device) if role.needs_vision else None
         language = None
         if role.needs_language:
-            mc = self.model_config
-            backend = select_attention_backend(
-                config.device, config.attention_backend, dtype, mc.head_dim
+            attention = attention_backend_for(
+                config.attention_backend, self.model_config, dtype, config.device
             )
-            attention = make_attention_backend(backend, mc, dtype, config.device)
             language = load_language(config.model_dir, dtype, config.device, attention)
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         shape = CacheShape(

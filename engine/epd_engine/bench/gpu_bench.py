@@ -24,7 +24,7 @@ from epd_engine.bench.gpu_timing import Timing, copy_bandwidth, matmul_flops, ti
 from epd_engine.config import Stage
 from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBackend
-from epd_engine.model.attention_select import make_attention_backend, select_attention_backend
+from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import PRESETS
@@ -82,8 +82,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, progress: Any = print) -> dict[str, Any]:
     preset = PRESETS[cfg.preset]
     model_config = LlavaModelConfig.from_dict(preset.hf_config(cfg.dtype))
     progress(f"building {cfg.preset} with random weights ({cfg.dtype})")
-    backend = select_attention_backend(cfg.device, cfg.attention, dtype, model_config.head_dim)
-    attention = make_attention_backend(backend, model_config, dtype, cfg.device)
+    attention = attention_backend_for(cfg.attention, model_config, dtype, cfg.device)
     vision, language = random_model(model_config, dtype, cfg.device, attention)
     pages_per_seq = -(-(cfg.context + 1) // BLOCK)
     max_batch = max(cfg.decode_batches)

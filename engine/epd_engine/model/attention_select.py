@@ -80,3 +80,12 @@ def make_attention_backend(
             model_config.num_heads, model_config.num_kv_heads, model_config.head_dim, dtype, device
         )
     raise ValueError(f"unknown attention backend {name!r}")
+
+
+def attention_backend_for(
+    requested: str, model_config: Any, dtype: torch.dtype, device: torch.device | str
+) -> AttentionBackend:
+    """``select_attention_backend`` then ``make_attention_backend``: what an engine (or a
+    profile or bench of it) runs for ``requested`` on ``device``."""
+    name = select_attention_backend(device, requested, dtype, model_config.head_dim)
+    return make_attention_backend(name, model_config, dtype, device)

@@ -83,10 +83,7 @@ class RunnerProbe:
     def __init__(self, config: ProfileConfig) -> None:
         import torch
 
-        from epd_engine.model.attention_select import (
-            make_attention_backend,
-            select_attention_backend,
-        )
+        from epd_engine.model.attention_select import attention_backend_for
         from epd_engine.model.loader import load_language, load_vision
         from epd_engine.model.registry import load_model_config
         from epd_engine.runner import CacheShape, ModelRunner
@@ -100,8 +97,7 @@ class RunnerProbe:
         dtype = dtype_of(config.dtype)
         vision = load_vision(config.model_dir, dtype, config.device)
         # the kernels the engine would run here: FlashInfer (and decode graphs) on a GPU
-        backend = select_attention_backend(config.device, "auto", dtype, self.model.head_dim)
-        attention = make_attention_backend(backend, self.model, dtype, config.device)
+        attention = attention_backend_for("auto", self.model, dtype, config.device)
         language = load_language(config.model_dir, dtype, config.device, attention)
         self.shape = CacheShape(
             num_kv_blocks=config.num_kv_blocks,
