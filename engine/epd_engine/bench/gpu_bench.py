@@ -25,6 +25,7 @@ from epd_engine.config import Stage
 from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBackend
 from epd_engine.model.attention_select import attention_backend_for
+from epd_engine.model.decode_graphs import capture_graph
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import PRESETS
@@ -184,15 +185,7 @@ def _graph_timing(runner: ModelRunner, language: LlavaLanguage, tasks: list[Toke
         return language.compute_logits(hidden)
 
     with torch.inference_mode():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            forward()
+        graph, _ = capture_graph(forward, warmup=3)
         return time_cuda(graph.replay, runs)
 
 

@@ -17,6 +17,8 @@ Graphs are captured largest first into one memory pool, so the smaller ones reus
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,6 +28,24 @@ from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 log = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs before a capture: lazy initialisation (cuBLAS, JIT) stays out
+
+
+def capture_graph(
+    fn: Callable[[], torch.Tensor], warmup: int = WARMUP_RUNS, pool: Any = None
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``fn`` run ``warmup`` times eagerly on a side stream (as torch asks before a
+    capture), then captured once: the graph and its output tensor (rewritten by each
+    replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -59,16 +79,7 @@ class DecodeGraphs:
         for rows in sorted(self.buckets, reverse=True):
             fill = self.buffers.fill([0] * rows, [1] * rows, [[0]] * rows)
             meta = self.attention.prepare_graph_decode(self.buffers, fill)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self._forward(rows, meta)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(rows, meta)
-            self._graphs[rows] = (graph, out)
+            self._graphs[rows] = capture_graph(partial(self._forward, rows, meta), pool=pool)
         torch.cuda.synchronize()
         log.info("captured decode CUDA graphs for batch sizes %s", sorted(self._graphs))
 
