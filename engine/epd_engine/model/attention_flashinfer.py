@@ -64,6 +64,7 @@ class FlashInferAttention:
     """``AttentionBackend`` with FlashInfer kernels (CUDA, float16/bfloat16)."""
 
     graph_safe = True
+    fused_layer_ops = True  # the layers run FlashInfer's norm/activation/RoPE too (layer_ops)
 
     def __init__(
         self,

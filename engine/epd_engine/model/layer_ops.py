@@ -128,9 +128,9 @@ class FlashInferLayerOps:
 
 
 def layer_ops_for(attention: object, max_positions: int, head_dim: int, theta: float) -> LayerOps:
-    """FlashInfer's kernels beside FlashInfer's attention (same package, same GPU), else
-    torch."""
-    if type(attention).__name__ != "FlashInferAttention":
+    """FlashInfer's kernels beside an attention backend that asks for them
+    (``fused_layer_ops``: FlashInfer's, same package, same GPU), else torch."""
+    if not getattr(attention, "fused_layer_ops", False):
         return TorchLayerOps()
     device: torch.device = attention.device  # type: ignore[attr-defined]
     return FlashInferLayerOps(max_positions, head_dim, theta, device)
