@@ -12,11 +12,10 @@ later does not change the running loop. Without a file, the built-in reference p
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
-from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model
+from epd_engine.profiler.cost_model import FittedCostModel, config_fingerprint, load_cost_model
 from epd_operator.planner import CostSource, reference_cost
 
 
@@ -58,7 +57,7 @@ def checkpoint_mismatch(model: FittedCostModel, model_dir: Path) -> str | None:
     if not profiled:
         return None
     try:
-        digest = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:16]
+        digest = config_fingerprint(model_dir)
     except OSError:
         return None
     if digest == profiled:

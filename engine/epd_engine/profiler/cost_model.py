@@ -19,6 +19,7 @@ tokens), so they get separate coefficients.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -288,6 +289,12 @@ def save_cost_model(model: FittedCostModel, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(model.to_dict(), indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def config_fingerprint(model_dir: Path) -> str:
+    """The checkpoint a cost model was profiled on, as its ``meta.model.config_sha256``:
+    the start of its ``config.json``'s SHA-256 (OSError when there is none)."""
+    return hashlib.sha256((Path(model_dir) / "config.json").read_bytes()).hexdigest()[:16]
 
 
 def load_cost_model(path: str | Path) -> FittedCostModel:

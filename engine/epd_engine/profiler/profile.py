@@ -14,7 +14,6 @@ torch is imported only here, lazily.
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from epd_engine.profiler.cost_model import (
     Capacity,
     FittedCostModel,
     MigrationCoeffs,
+    config_fingerprint,
 )
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.profiler.links import MEASURED_BACKENDS, LinkCoeffs, fit_link
@@ -247,7 +247,6 @@ def environment(config: ProfileConfig) -> dict[str, Any]:
     device = config.device
     if device.startswith("cuda") and torch.cuda.is_available():
         device = torch.cuda.get_device_name(torch.device(device))
-    config_json = (config.model_dir / "config.json").read_bytes()
     return {
         "hardware": {
             "device": device,
@@ -258,7 +257,7 @@ def environment(config: ProfileConfig) -> dict[str, Any]:
         "model": {
             "dir": str(config.model_dir),
             "name": config.model_dir.name,
-            "config_sha256": hashlib.sha256(config_json).hexdigest()[:16],
+            "config_sha256": config_fingerprint(config.model_dir),
             "dtype": config.dtype,
         },
         "software": {
