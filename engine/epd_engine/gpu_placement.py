@@ -10,6 +10,7 @@ use ``memory_fraction / per_gpu`` of it, so their KV caches (sized from that sha
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -67,3 +68,11 @@ class GpuSlots:
 
     def _placement(self, gpu: str) -> Placement:
         return Placement(gpu, self.memory_fraction / self.per_gpu)
+
+
+def local_gpu_slots(max_instances: int, memory_fraction: float) -> GpuSlots:
+    """Slots over the GPUs this process sees (``epdctl up --device cuda``)."""
+    import torch
+
+    return GpuSlots(visible_gpus(os.environ, torch.cuda.device_count), max_instances,
+                    memory_fraction)  # fmt: skip

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from epd_engine.config import internal_token, internal_token_set
-from epd_engine.gpu_placement import GpuSlots, visible_gpus
+from epd_engine.gpu_placement import local_gpu_slots
 from epd_engine.plan import Plan
 
 
@@ -93,10 +93,7 @@ def pool_name(deployment: str, role: str) -> str:
 def instances(spec: LaunchSpec) -> list[InstanceSpec]:
     slots = None
     if spec.device != "cpu":
-        import torch
-
-        gpus = visible_gpus(os.environ, torch.cuda.device_count)
-        slots = GpuSlots(gpus, spec.plan.num_instances, spec.gpu_memory_fraction)
+        slots = local_gpu_slots(spec.plan.num_instances, spec.gpu_memory_fraction)
     out = []
     for role, count in spec.plan.pools.items():
         pool = pool_name(spec.name, role.value)

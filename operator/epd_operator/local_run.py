@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from epd_engine.gpu_placement import GpuSlots, visible_gpus
+from epd_engine.gpu_placement import GpuSlots, local_gpu_slots
 from epd_operator.cost_file import checkpoint_mismatch, cost_source
 from epd_operator.local_pools import LocalEngines
 from epd_operator.local_reconciler import LocalReconciler, LocalStatus, engine_args
@@ -270,7 +270,4 @@ def _gpu_slots(device: str, spec: EPDDeploymentSpec) -> GpuSlots | None:
     new pools run side by side."""
     if device == "cpu":
         return None
-    import torch
-
-    gpus = visible_gpus(os.environ, torch.cuda.device_count)
-    return GpuSlots(gpus, 2 * spec.gpu_budget, spec.engine.gpu_memory_fraction)
+    return local_gpu_slots(2 * spec.gpu_budget, spec.engine.gpu_memory_fraction)
