@@ -7,7 +7,9 @@ its own token count: fixed for LLaVA, from the resized resolution for Qwen2-VL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,9 @@ class InputProcessor:
         self.processor: Any = family.processor(Path(model_dir))
         self.tokenizer: Any = self.processor.tokenizer
         self.image_tokens = family.image_tokens(Path(model_dir), model_config)
+        self._decode = _backend_decode(self.tokenizer) or partial(
+            self.tokenizer.decode, skip_special_tokens=True
+        )
 
     def prepare(self, messages: list[dict[str, Any]], images: list[LoadedImage]) -> PreparedPrompt:
         """``messages`` in Hugging Face chat form (content parts ``text``/``image``)."""
@@ -102,7 +107,7 @@ class InputProcessor:
         return refs
 
     def decode(self, token_ids: list[int]) -> str:
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+        return str(self._decode(token_ids))
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -111,3 +116,14 @@ class InputProcessor:
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
+
+
+def _backend_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    """A fast tokenizer's own (Rust) decode, without transformers' wrapper around it: the
+    same text when the tokenizer cleans up no spaces, at a third of the cost per call. The
+    detokenizer decodes twice per token of every running request (on the event loop, where
+    the engine thread waits for the GIL); None when the wrapper would change the text."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return partial(backend.decode, skip_special_tokens=True)
