@@ -4,6 +4,9 @@ Output tokens/s of ``/v1/completions`` (token-id prompts, greedy, ``ignore_eos``
 ``max_tokens``; every request of a batch sent at once, wall time from the first send to the
 last answer) next to ``transformers`` ``generate`` on the same checkpoint, prompts, batch,
 token count and torch thread count, in this process. Both figures include the prefill.
+On a GPU (``--device cuda``) both sides run there in ``--dtype`` (the instance with its
+own defaults: FlashInfer and decode CUDA graphs where the model's head size allows them),
+and ``generate``'s time ends with a device synchronisation.
 With ``--before-ref`` a second instance runs an earlier commit's code (exported with ``git
 archive``, first on ``PYTHONPATH``) and the rounds alternate between the trees, so the
 after/before ratios see the same host load. Each round measures every side once per batch;
@@ -12,6 +15,8 @@ is checked against ``generate``'s tokens decoded with the same tokenizer.
 
     python benchmarks/bench_served.py --model models/tiny-llava --before-ref main \\
         --out benchmarks/results/served-cpu.json
+    python benchmarks/bench_served.py --model /tmp/llava-1.5-7b --device cuda \\
+        --dtype float16 --out served-gpu.json
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import socket
 import statistics
 import subprocess
@@ -42,22 +48,30 @@ def free_port() -> int:
         return port
 
 
+SERVED_NAME = "bench"
+
+
 class Server:
     """``epdctl serve`` of one tree in a child process (the newest tree when ``path`` is
     None), sized so that the largest batch decodes in one step."""
 
-    def __init__(self, model: Path, threads: int, max_batch: int, path: Path | None) -> None:
+    def __init__(self, args: argparse.Namespace, max_batch: int, path: Path | None) -> None:
+        model, threads = args.model, args.threads
         self.port = free_port()
         env = dict(os.environ)
         if path is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(path / "engine"), env.get("PYTHONPATH", "")])
-        command = [sys.executable, "-m", "epd_engine", "serve", "--model", str(model)]
+        command = [sys.executable, *shlex.split(args.server_wrapper or ""), "-m", "epd_engine"]
+        command += ["serve", "--model", str(model)]
         command += ["--port", str(self.port), "--log-level", "warning"]
+        command += ["--served-model-name", SERVED_NAME, "--device", args.device]
+        command += ["--dtype", args.dtype]
         command += ["--token-budget", str(max(8192, max_batch * 256))]
         command += ["--max-num-running", str(max_batch), "--num-kv-blocks", str(max_batch * 24)]
         if threads != 1:
             raise ValueError("the instance runs with its default of one torch thread")
-        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        log = open(args.server_log, "ab") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(command, env=env, stderr=log)
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def ready(self, client: Any) -> None:
@@ -83,7 +97,7 @@ async def served_run(
     """Seconds for the whole batch, and each request's text."""
 
     async def one(prompt: list[int]) -> tuple[int, str]:
-        body = {"model": "tiny-llava", "prompt": prompt, "max_tokens": max_tokens,
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
                 "temperature": 0.0, "ignore_eos": True}  # fmt: skip
         answer = (await client.post(f"{url}/v1/completions", json=body)).json()
         return answer["usage"]["completion_tokens"], answer["choices"][0]["text"]
@@ -101,12 +115,14 @@ def hf_run(
 ) -> tuple[float, Any]:
     import torch
 
-    input_ids = torch.tensor(prompts, dtype=torch.long)
+    input_ids = torch.tensor(prompts, dtype=torch.long, device=hf.device)
     with torch.inference_mode():
         start = time.perf_counter()
         out = hf.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                           do_sample=False, max_new_tokens=max_tokens,
                           min_new_tokens=max_tokens, pad_token_id=pad_id)  # fmt: skip
+        if hf.device.type == "cuda":
+            torch.cuda.synchronize(hf.device)
         seconds = time.perf_counter() - start
     return seconds, out[:, input_ids.shape[1] :].tolist()
 
@@ -133,18 +149,21 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
     torch.set_num_threads(args.threads)
     config = LlavaModelConfig.from_dir(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
-    hf = LlavaForConditionalGeneration.from_pretrained(str(args.model), dtype=torch.float32)
-    hf = hf.eval()
+    dtype = getattr(torch, args.dtype)
+    hf = LlavaForConditionalGeneration.from_pretrained(str(args.model), dtype=dtype)
+    hf = hf.to(args.device).eval()
     rng = random.Random(args.seed)
     high = min(config.image_token_index, config.vocab_size) - 1
     batches = args.batches
     prompts = {b: [[rng.randint(3, high) for _ in range(args.context)] for _ in range(b)]
                for b in batches}  # fmt: skip
-    servers = {"after": Server(args.model, args.threads, max(batches), None)}
+    servers = {"after": Server(args, max(batches), None)}
     if before is not None:
-        servers["before"] = Server(args.model, args.threads, max(batches), before)
+        servers["before"] = Server(args, max(batches), before)
     rounds: list[dict[str, Any]] = []
-    text_match: dict[str, dict[int, bool]] = {side: {} for side in servers}
+    # Requests whose greedy text equals generate's, per side and batch: on a GPU in 16-bit
+    # the two kernels' rounding differs, so a near-tie of random weights can flip a token.
+    text_match: dict[str, dict[int, list[int]]] = {side: {} for side in servers}
     # No kept-alive connections: uvicorn drops idle ones after 5 s (a generate round is
     # longer), and a request sent on one as it closes fails with a ReadError.
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
@@ -174,8 +193,10 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
                         row[f"{side}_over_hf"] = (
                             row[f"{side}_tokens_per_s"] / row["hf_tokens_per_s"]
                         )
-                        same = served == texts
-                        text_match[side][batch] = text_match[side].get(batch, True) and same
+                        same = sum(a == b for a, b in zip(served, texts, strict=True))
+                        counts = text_match[side].setdefault(batch, [0, 0])
+                        counts[0] += same
+                        counts[1] += len(texts)
                     if before is not None:
                         row["after_over_before"] = (
                             row["after_tokens_per_s"] / row["before_tokens_per_s"]
@@ -193,7 +214,9 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
             if key.endswith(("_per_s", "_over_hf", "_over_before")):
                 entry[key] = spread([r[key] for r in rows])
         for side in servers:
-            entry[f"{side}_greedy_text_matches_hf"] = text_match[side][batch]
+            same, total = text_match[side][batch]
+            entry[f"{side}_greedy_text_matches_hf"] = same == total
+            entry[f"{side}_greedy_text_same_share"] = same / total
         summary[str(batch)] = entry
     return {"rounds": rounds, "summary": summary}
 
@@ -206,22 +229,43 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="max_tokens per request")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (both sides run there)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="weights' dtype (default: float32 on cpu, float16 on cuda)",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-log", type=Path, help="append the instances' stderr here")
+    parser.add_argument(
+        "--server-wrapper",
+        help="a script the instances run under, before -m: tools/profiling/sample_stacks.py OUT",
+    )
     parser.add_argument("--before-ref", help="an earlier commit to A/B against")
+    parser.add_argument(
+        "--before-path",
+        type=Path,
+        help="instead of --before-ref, a tree already exported (holding engine/), for a "
+        "machine without the repository's history",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "float16")
     if not (args.model / "config.json").is_file():
         parser.error(f"{args.model}: no config.json (epdctl make-model --preset tiny-llava)")
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         before_commit = export_tree(args.before_ref, Path(tmp)) if args.before_ref else None
-        result = asyncio.run(bench(args, Path(tmp) if args.before_ref else None))
+        before = Path(tmp) if args.before_ref else args.before_path
+        if args.before_path:
+            before_commit = f"{args.before_path} (exported tree)"
+        result = asyncio.run(bench(args, before))
     after_commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True)
     import torch
     import transformers
 
     report = {
-        "benchmark": "served-cpu",
+        "benchmark": f"served-{args.device}",
         "command": " ".join(["python", "benchmarks/bench_served.py", *sys.argv[1:]]),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "trees": {"after": after_commit.strip() + " (+ working tree)", "before": before_commit},
@@ -230,6 +274,7 @@ def main() -> int:
                     "load_average_end": os.getloadavg(), "platform": platform.platform()},
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "method": __doc__,
         **result,
     }  # fmt: skip

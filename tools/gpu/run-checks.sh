@@ -2,7 +2,8 @@
 # Every GPU check of issue 18 in one pass, for a lent GPU machine (docs/gpu.md): the gpu
 # tests, then the figures (bench-gpu with each attention backend, transfer pulls). Each step
 # has its own time limit and a failed step does not stop the next. Output: $OUT/all.log, the
-# JSON of each bench, FlashInfer's compile log. Packages the machine lacks come from .whl/
+# JSON of each bench, FlashInfer's compile log. STEPS="tests served" runs only the steps
+# named (default: all of them). Packages the machine lacks come from .whl/
 # (wheels for any Python in .whl/*.whl, compiled ones in .whl/cpXY/).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -16,10 +17,14 @@ if [ "${WHEELS:-1}" = 1 ] && ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl .whl/"$pyver"/*.whl >>"$LOG" 2>&1
 fi
 export PYTHONPATH=/tmp/site:$PWD/engine:$PWD/operator:$PWD
+# FlashInfer kernels an earlier machine built (its ~/.cache/flashinfer as a tarball, carried
+# in the ignored .fi/): the builds below then find them done.
+if [ -f .fi/fi-cache.tgz ]; then tar xzf .fi/fi-cache.tgz -C "$HOME"; fi
 
 step() {  # step NAME LIMIT_S COMMAND...: run it, append its output to all.log, show the tail
   local name=$1 limit=$2
   shift 2
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
   local start=$SECONDS
   echo "===== $name" >>"$LOG"
   timeout "$limit" "$@" >"/tmp/$name.log" 2>&1
@@ -43,6 +48,8 @@ warm_pid=$!
 PYTEST=($PY -m pytest -q -o addopts= -p no:cacheprovider -m gpu -rs --timeout 200)
 TAIL=20 step tests 200 "${PYTEST[@]}" tests/engine/model/test_gpu_parity.py \
   tests/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py
+# Every method through the router with the GPU transfer backends, against one EPD instance.
+TAIL=20 step tests-methods 240 "${PYTEST[@]}" tests/engine/disagg/test_methods_gpu.py
 step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$OUT/gpu-torch.json"
 TAIL=16 step bench-transfer-gpu 150 $PY -m epd_engine.bench.transfer_gpu --out "$OUT/transfer-gpu.json"
 wait "$warm_pid"; SUMMARY+="flashinfer-warm: rc=$?"$'\n'; tail -4 "$OUT/flashinfer-warm.log"
@@ -50,6 +57,12 @@ TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashin
   tests/engine/model/test_layer_ops.py
 step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer \
   --out "$OUT/gpu-flashinfer.json"
+# Served tokens/s through one instance's OpenAI endpoint against transformers' generate, 7B
+# shape, random weights (the checkpoint is written first, as for profile-costs below).
+step make-7b 120 $PY -m epd_engine make-model --preset llava-1.5-7b /tmp/llava-1.5-7b
+TAIL=40 step served 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
+  --device cuda --batches 1 8 32 128 --rounds 3 --new-tokens 64 \
+  --server-log "$OUT/served-server.log" --out "$OUT/served-gpu.json" ${SERVED_ARGS:-}
 # The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
 TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
   --model /tmp/llava-1.5-7b --device cuda --dtype float16 --num-kv-blocks 4096 --rounds 2 \
