@@ -66,7 +66,7 @@ class Server:
         command += ["--port", str(self.port), "--log-level", "warning"]
         command += ["--served-model-name", SERVED_NAME, "--device", args.device]
         command += ["--dtype", args.dtype]
-        command += ["--token-budget", str(max(8192, max_batch * 256))]
+        command += ["--token-budget", str(max(8192, max_batch * 256)), "--image-budget", "1"]
         command += ["--max-num-running", str(max_batch), "--num-kv-blocks", str(max_batch * 24)]
         if threads != 1:
             raise ValueError("the instance runs with its default of one torch thread")
@@ -171,8 +171,12 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
         async with httpx.AsyncClient(timeout=600, limits=limits) as c:
             for server in servers.values():
                 await server.ready(c)
-                await served_run(c, server.url, prompts[batches[0]][:2], 4)  # warm-up
-            hf_run(hf, prompts[batches[0]][:2], 4, config.pad_token_id)
+            # Warm-up at every batch size: generate's first call at a new shape was 2-4x
+            # slower on a GPU (the first round's ratios of the H200 run of 2026-11-26).
+            for batch in batches:
+                for server in servers.values():
+                    await served_run(c, server.url, prompts[batch], 4)
+                hf_run(hf, prompts[batch], 4, config.pad_token_id)
             for index in range(args.rounds):
                 sides = list(servers)
                 if index % 2:
