@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from epd_engine import startup
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
@@ -91,6 +92,7 @@ class LLMEngine:
                 config.attention_backend, self.model_config, dtype, config.device
             )
             language = load_language(config.model_dir, dtype, config.device, attention)
+        startup.mark("model_loaded")
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         shape = CacheShape(
             num_kv_blocks=self._num_kv_blocks(language, dtype),
@@ -119,6 +121,7 @@ class LLMEngine:
             else None
         )
         token_budget, image_budget = self._budgets()
+        startup.mark("budgets")
         limits = SchedulerLimits(
             token_budget=token_budget,
             image_token_budget=image_budget,

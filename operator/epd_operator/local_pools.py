@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,22 @@ class LocalEngines:
 class _Replica:
     instance_id: str
     popen: subprocess.Popen[bytes]
+    url: str = ""
+    spawned: float = 0.0  # wall clock (epoch s) when the process was started
+    ready: float | None = None  # first pass that saw it alive and registered
+    startup: dict[str, float] = field(default_factory=dict)  # the engine's own phases
+
+
+@dataclass(frozen=True)
+class StartupTimeline:
+    """One replica's start, wall clock (epoch s): when this backend started the process, the
+    phases the engine reported (``epd_engine.startup``), and when a pass first saw it Ready."""
+
+    instance_id: str
+    pool: str
+    spawned: float
+    phases: dict[str, float]
+    ready: float | None
 
 
 @dataclass
@@ -72,11 +89,13 @@ class LocalPools:
         registered = self._registered()
         out = {}
         for name, pool in self.pools.items():
-            ready = sum(
-                1
-                for rep in pool.replicas
-                if rep.popen.poll() is None and rep.instance_id in registered
-            )
+            ready = 0
+            for rep in pool.replicas:
+                if rep.popen.poll() is None and rep.instance_id in registered:
+                    ready += 1
+                    if rep.ready is None:
+                        rep.ready = time.time()
+                        rep.startup = self._startup_phases(rep.url)
             n = len(pool.replicas)
             out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
         return out
@@ -85,7 +104,7 @@ class LocalPools:
         state = self.pools.setdefault(pool.name, _Pool(pool.role, pool.gpus_per_instance))
         while len(state.replicas) < pool.replicas:
             instance_id = f"{pool.name}-{len(state.replicas)}"
-            state.replicas.append(_Replica(instance_id, self._start(pool, instance_id)))
+            state.replicas.append(self._start(pool, instance_id))
 
     def delete_pool(self, name: str) -> None:
         pool = self.pools.pop(name, None)
@@ -115,9 +134,9 @@ class LocalPools:
         restarted = []
         for name, pool in self.pools.items():
             spec = PoolSpec(name, pool.role, len(pool.replicas), pool.gpus_per_instance)
-            for rep in pool.replicas:
+            for i, rep in enumerate(pool.replicas):
                 if rep.popen.poll() is not None:
-                    rep.popen = self._start(spec, rep.instance_id)
+                    pool.replicas[i] = self._start(spec, rep.instance_id)
                     restarted.append(rep.instance_id)
         return restarted
 
@@ -125,7 +144,23 @@ class LocalPools:
         """Every replica's process (each leads its own process group)."""
         return [r.popen.pid for pool in self.pools.values() for r in pool.replicas]
 
-    def _start(self, pool: PoolSpec, instance_id: str) -> subprocess.Popen[bytes]:
+    def timelines(self) -> list[StartupTimeline]:
+        """Every current replica's start-up timeline."""
+        return [
+            StartupTimeline(r.instance_id, name, r.spawned, r.startup, r.ready)
+            for name, pool in self.pools.items()
+            for r in pool.replicas
+        ]
+
+    def _startup_phases(self, url: str) -> dict[str, float]:
+        try:
+            resp = httpx.get(f"{url}/health/ready", timeout=2)
+            phases = resp.json().get("startup", {})
+            return {str(k): float(v) for k, v in phases.items()}
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return {}
+
+    def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
         e = self.engines
         port = _free_port()
         args = [
@@ -150,14 +185,16 @@ class LocalPools:
             env |= placement.env()
         log = e.run_dir / "logs" / f"{instance_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        spawned = time.time()
         with log.open("ab") as out:
-            return subprocess.Popen(
+            popen = subprocess.Popen(
                 [sys.executable, "-m", "epd_engine", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
+        return _Replica(instance_id, popen, f"http://{e.host}:{port}", spawned)
 
     def _release(self, instance_ids: list[str]) -> None:
         if self.engines.gpu_slots is not None:
