@@ -120,6 +120,9 @@ class LLMEngine:
             if with_images
             else None
         )
+        # what the start-up search found (not given): another instance of this role with the
+        # same flags can be given them instead of searching again (GET /health/ready)
+        self.searched_budgets: dict[str, int] = {}
         token_budget, image_budget = self._budgets()
         startup.mark("budgets")
         limits = SchedulerLimits(
@@ -175,6 +178,7 @@ class LLMEngine:
                 kv_tokens = self.runner.shape.num_kv_blocks * cfg.kv_block_size
                 max_tokens = min(self.max_model_len - 1, kv_tokens)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
+                self.searched_budgets["token_budget"] = token_budget
         image_budget = cfg.image_token_budget
         page_tokens = self.model_config.image_page_tokens
         if image_budget is None and cfg.image_budget is not None:
@@ -190,6 +194,7 @@ class LLMEngine:
                 image_budget = probe_tokens * search_budget(
                     self._time_encode, cfg.budget_alpha * cfg.slo.ttft_s, max_images
                 )
+                self.searched_budgets["image_token_budget"] = image_budget
         return token_budget, image_budget
 
     def _time_prefill(self, num_tokens: int) -> float:

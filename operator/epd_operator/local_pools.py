@@ -40,10 +40,21 @@ class LocalEngines:
     gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
 
 
+# what an engine searched at start-up -> the flag that gives it to the next one
+_BUDGET_FLAGS = {"token_budget": "--token-budget", "image_token_budget": "--image-token-budget"}
+# what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO, caches)
+BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
+
+
+def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
+    return (role, e.model_dir, e.device, e.dtype, e.engine_args)
+
+
 @dataclass
 class _Replica:
     instance_id: str
     popen: subprocess.Popen[bytes]
+    budget_key: BudgetKey
     url: str = ""
     spawned: float = 0.0  # wall clock (epoch s) when the process was started
     ready: float | None = None  # first pass that saw it alive and registered
@@ -82,6 +93,10 @@ class LocalPools:
         self.engines = engines
         self.stop_grace_s = stop_grace_s
         self.pools: dict[str, _Pool] = {}
+        # Budgets an instance searched against the SLO at start (HydraInfer), per role and
+        # engine settings (model, device, flags, SLO): later instances of that role with the
+        # same settings are given them and start without the search.
+        self.searched_budgets: dict[BudgetKey, dict[str, int]] = {}
 
     # --- PoolBackend -------------------------------------------------------------------------
 
@@ -95,7 +110,9 @@ class LocalPools:
                     ready += 1
                     if rep.ready is None:
                         rep.ready = time.time()
-                        rep.startup = self._startup_phases(rep.url)
+                        rep.startup, searched = self._startup_report(rep.url)
+                        if searched:
+                            self.searched_budgets.setdefault(rep.budget_key, searched)
             n = len(pool.replicas)
             out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
         return out
@@ -152,17 +169,24 @@ class LocalPools:
             for r in pool.replicas
         ]
 
-    def _startup_phases(self, url: str) -> dict[str, float]:
+    def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
+        """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
         try:
-            resp = httpx.get(f"{url}/health/ready", timeout=2)
-            phases = resp.json().get("startup", {})
-            return {str(k): float(v) for k, v in phases.items()}
+            body = httpx.get(f"{url}/health/ready", timeout=2).json()
+            phases = {str(k): float(v) for k, v in body.get("startup", {}).items()}
+            searched = {
+                str(k): int(v)
+                for k, v in body.get("searched_budgets", {}).items()
+                if k in _BUDGET_FLAGS and int(v) >= 1
+            }
+            return phases, searched
         except (httpx.HTTPError, ValueError, AttributeError, TypeError):
-            return {}
+            return {}, {}
 
-    def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
+    def engine_args(self, pool: PoolSpec, instance_id: str, port: int) -> list[str]:
+        """``epdctl serve`` arguments of one replica; budgets another instance of this role
+        searched with the same settings are passed instead of searching again."""
         e = self.engines
-        port = _free_port()
         args = [
             "serve",
             "--model", str(e.model_dir),
@@ -178,6 +202,14 @@ class LocalPools:
             "--log-level", "warning",
             *e.engine_args,
         ]  # fmt: skip
+        for name, value in sorted(self.searched_budgets.get(budget_key(pool.role, e), {}).items()):
+            args += [_BUDGET_FLAGS[name], str(value)]
+        return args
+
+    def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
+        e = self.engines
+        port = _free_port()
+        args = self.engine_args(pool, instance_id, port)
         env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
         if e.gpu_slots is not None:
             placement = e.gpu_slots.acquire(instance_id)
@@ -194,7 +226,9 @@ class LocalPools:
                 env=env,
                 start_new_session=True,
             )
-        return _Replica(instance_id, popen, f"http://{e.host}:{port}", spawned)
+        return _Replica(
+            instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
+        )
 
     def _release(self, instance_ids: list[str]) -> None:
         if self.engines.gpu_slots is not None:

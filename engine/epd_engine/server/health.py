@@ -27,6 +27,10 @@ async def ready(request: Request, response: Response) -> dict[str, object]:
         "role": state.config.role.value,
         "model": state.config.model_name,
         "startup": startup.timeline(),  # when each start-up phase ended (epoch seconds)
+        # budgets this instance searched at start ({} when all were given): the same role
+        # with the same flags can be started with them (``--token-budget``,
+        # ``--image-token-budget``) and skip the search
+        "searched_budgets": state.engine.engine.searched_budgets,
     }
 
 
