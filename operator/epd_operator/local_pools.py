@@ -172,7 +172,7 @@ class LocalPools:
     def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
         """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
         try:
-            body = httpx.get(f"{url}/health/ready", timeout=2).json()
+            body = httpx.get(f"{url}/health/ready", timeout=5).json()
             phases = {str(k): float(v) for k, v in body.get("startup", {}).items()}
             searched = {
                 str(k): int(v)
