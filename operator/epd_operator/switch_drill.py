@@ -325,6 +325,7 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
     def in_window(a: Answer, lo: float, hi: float) -> bool:
         return a.start_s < hi and a.end_s > lo
 
+    t0 = min((a.start_s for a in result.answers), default=0.0)  # traffic's clock, for "at_s"
     ttfts = [a for a in result.answers if a.ttft_s is not None and not a.error]
     steady = [a.ttft_s for a in ttfts if not any(in_window(a, lo, hi) for lo, hi in windows)]
     per_switch: list[dict[str, Any]] = []
@@ -341,6 +342,11 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
                 "decision_to_complete_s": None
                 if s.complete_s is None
                 else round(s.complete_s - s.decided_s, 2),
+                # decision, new plan serving, rollout complete: seconds since traffic began
+                "at_s": [
+                    None if t is None else round(t - t0, 2)
+                    for t in (s.decided_s, s.serving_s, s.complete_s)
+                ],
                 "load_avg_at_decision": [round(x, 2) for x in s.load_avg],
                 "progress": s.progress,
                 "progress_at_s": s.progress_at_s,
@@ -371,7 +377,17 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
         "median_decision_to_serving_s": statistics.median(
             [p["decision_to_serving_s"] for p in per_switch if p["decision_to_serving_s"]] or [0.0]
         ),
+        "decision_to_serving_phases_median_s": _median_phases(
+            [p["decision_to_serving_phases_s"] for p in per_switch]
+        ),
     }
+
+
+def _median_phases(per_switch: list[dict[str, float] | None]) -> dict[str, float]:
+    """Each phase's median over the switches that report it."""
+    known = [p for p in per_switch if p]
+    names = dict.fromkeys(k for p in known for k in p)
+    return {k: round(statistics.median([p[k] for p in known if k in p]), 2) for k in names}
 
 
 def main(argv: list[str] | None = None) -> int:
