@@ -12,10 +12,13 @@ PYTEST_ARGS ?=
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# --compile-bytecode: every engine process a rollout starts imports torch & co. from .pyc;
+# without it each start compiles them again where bytecode is not written
+# (PYTHONDONTWRITEBYTECODE, read-only site-packages): 2-3x slower engine starts (bench-switch)
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@command -v uv >/dev/null || python3 -m pip install --quiet uv
 	@test -x $(PY) || uv venv --quiet --python python3 $(VENV)
-	uv pip install --quiet -p $(PY) -r requirements.lock
+	uv pip install --quiet --compile-bytecode -p $(PY) -r requirements.lock
 	uv pip install --quiet -p $(PY) --no-deps -e .
 	@touch $@
 

@@ -12,7 +12,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from epd_engine import __version__, commands
+from epd_engine import __version__, commands, startup
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    startup.mark("main")
     args = build_parser().parse_args(argv)
     try:
         result = args.func(args)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from epd_engine import startup
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
@@ -91,6 +92,7 @@ class LLMEngine:
                 config.attention_backend, self.model_config, dtype, config.device
             )
             language = load_language(config.model_dir, dtype, config.device, attention)
+        startup.mark("model_loaded")
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         shape = CacheShape(
             num_kv_blocks=self._num_kv_blocks(language, dtype),
@@ -118,7 +120,11 @@ class LLMEngine:
             if with_images
             else None
         )
+        # what the start-up search found (not given): another instance of this role with the
+        # same flags can be given them instead of searching again (GET /health/ready)
+        self.searched_budgets: dict[str, int] = {}
         token_budget, image_budget = self._budgets()
+        startup.mark("budgets")
         limits = SchedulerLimits(
             token_budget=token_budget,
             image_token_budget=image_budget,
@@ -172,6 +178,7 @@ class LLMEngine:
                 kv_tokens = self.runner.shape.num_kv_blocks * cfg.kv_block_size
                 max_tokens = min(self.max_model_len - 1, kv_tokens)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
+                self.searched_budgets["token_budget"] = token_budget
         image_budget = cfg.image_token_budget
         page_tokens = self.model_config.image_page_tokens
         if image_budget is None and cfg.image_budget is not None:
@@ -187,6 +194,7 @@ class LLMEngine:
                 image_budget = probe_tokens * search_budget(
                     self._time_encode, cfg.budget_alpha * cfg.slo.ttft_s, max_images
                 )
+                self.searched_budgets["image_token_budget"] = image_budget
         return token_budget, image_budget
 
     def _time_prefill(self, num_tokens: int) -> float:

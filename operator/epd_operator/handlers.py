@@ -1,14 +1,17 @@
 """Thin kopf handlers: ``kopf run -m epd_operator.handlers --all-namespaces --standalone``.
 
 One level-triggered timer per EPDDeployment calls ``controller.reconcile`` (which re-reads the
-cluster each time) and writes the status it returns. Handlers never sleep: transient API
-errors become ``kopf.TemporaryError`` and the timer comes back; errors a retry cannot fix
-(400, 403, 422) become a Degraded condition (``api_errors.py``) until the next pass.
+cluster each time) and writes the status it returns: every ``resync_s``, and every
+``rollout_resync_s`` while a rollout is in progress or the spec changed (``pass_due``).
+Handlers never sleep: transient API errors become ``kopf.TemporaryError`` and the timer comes
+back; errors a retry cannot fix (400, 403, 422) become a Degraded condition
+(``api_errors.py``) until the next pass.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -51,7 +54,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     operator_metrics.serve(SETTINGS.metrics_port)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_s, id="reconcile")
+_last_pass: dict[str, float] = {}  # uid -> monotonic time of its last pass
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.timer_interval_s, id="reconcile")
 def reconcile_timer(
     body: kopf.Body,
     meta: kopf.Meta,
@@ -64,7 +70,11 @@ def reconcile_timer(
     **_: Any,
 ) -> None:
     if meta.get("deletionTimestamp"):
+        _last_pass.pop(uid, None)
         return  # children go with their owner (garbage collection)
+    now = time.monotonic()
+    if not SETTINGS.pass_due(status, int(meta.get("generation", 0)), _last_pass.get(uid), now):
+        return  # between resyncs, and no rollout in progress
 
     def post_event(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)
@@ -92,3 +102,4 @@ def reconcile_timer(
         generation = int(meta.get("generation", 0))
         new_status = api_errors.report(raw_status, exc, generation, post_event)
     patch.status.update(new_status)
+    _last_pass[uid] = now  # a pass that raised is due again at the next tick

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +40,37 @@ class LocalEngines:
     gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
 
 
+# what an engine searched at start-up -> the flag that gives it to the next one
+_BUDGET_FLAGS = {"token_budget": "--token-budget", "image_token_budget": "--image-token-budget"}
+# what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO, caches)
+BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
+
+
+def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
+    return (role, e.model_dir, e.device, e.dtype, e.engine_args)
+
+
 @dataclass
 class _Replica:
     instance_id: str
     popen: subprocess.Popen[bytes]
+    budget_key: BudgetKey
+    url: str = ""
+    spawned: float = 0.0  # wall clock (epoch s) when the process was started
+    ready: float | None = None  # first pass that saw it alive and registered
+    startup: dict[str, float] = field(default_factory=dict)  # the engine's own phases
+
+
+@dataclass(frozen=True)
+class StartupTimeline:
+    """One replica's start, wall clock (epoch s): when this backend started the process, the
+    phases the engine reported (``epd_engine.startup``), and when a pass first saw it Ready."""
+
+    instance_id: str
+    pool: str
+    spawned: float
+    phases: dict[str, float]
+    ready: float | None
 
 
 @dataclass
@@ -65,6 +93,10 @@ class LocalPools:
         self.engines = engines
         self.stop_grace_s = stop_grace_s
         self.pools: dict[str, _Pool] = {}
+        # Budgets an instance searched against the SLO at start (HydraInfer), per role and
+        # engine settings (model, device, flags, SLO): later instances of that role with the
+        # same settings are given them and start without the search.
+        self.searched_budgets: dict[BudgetKey, dict[str, int]] = {}
 
     # --- PoolBackend -------------------------------------------------------------------------
 
@@ -72,11 +104,15 @@ class LocalPools:
         registered = self._registered()
         out = {}
         for name, pool in self.pools.items():
-            ready = sum(
-                1
-                for rep in pool.replicas
-                if rep.popen.poll() is None and rep.instance_id in registered
-            )
+            ready = 0
+            for rep in pool.replicas:
+                if rep.popen.poll() is None and rep.instance_id in registered:
+                    ready += 1
+                    if rep.ready is None:
+                        rep.ready = time.time()
+                        rep.startup, searched = self._startup_report(rep.url)
+                        if searched:
+                            self.searched_budgets.setdefault(rep.budget_key, searched)
             n = len(pool.replicas)
             out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
         return out
@@ -85,7 +121,7 @@ class LocalPools:
         state = self.pools.setdefault(pool.name, _Pool(pool.role, pool.gpus_per_instance))
         while len(state.replicas) < pool.replicas:
             instance_id = f"{pool.name}-{len(state.replicas)}"
-            state.replicas.append(_Replica(instance_id, self._start(pool, instance_id)))
+            state.replicas.append(self._start(pool, instance_id))
 
     def delete_pool(self, name: str) -> None:
         pool = self.pools.pop(name, None)
@@ -115,9 +151,9 @@ class LocalPools:
         restarted = []
         for name, pool in self.pools.items():
             spec = PoolSpec(name, pool.role, len(pool.replicas), pool.gpus_per_instance)
-            for rep in pool.replicas:
+            for i, rep in enumerate(pool.replicas):
                 if rep.popen.poll() is not None:
-                    rep.popen = self._start(spec, rep.instance_id)
+                    pool.replicas[i] = self._start(spec, rep.instance_id)
                     restarted.append(rep.instance_id)
         return restarted
 
@@ -125,9 +161,32 @@ class LocalPools:
         """Every replica's process (each leads its own process group)."""
         return [r.popen.pid for pool in self.pools.values() for r in pool.replicas]
 
-    def _start(self, pool: PoolSpec, instance_id: str) -> subprocess.Popen[bytes]:
+    def timelines(self) -> list[StartupTimeline]:
+        """Every current replica's start-up timeline."""
+        return [
+            StartupTimeline(r.instance_id, name, r.spawned, r.startup, r.ready)
+            for name, pool in self.pools.items()
+            for r in pool.replicas
+        ]
+
+    def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
+        """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
+        try:
+            body = httpx.get(f"{url}/health/ready", timeout=5).json()
+            phases = {str(k): float(v) for k, v in body.get("startup", {}).items()}
+            searched = {
+                str(k): int(v)
+                for k, v in body.get("searched_budgets", {}).items()
+                if k in _BUDGET_FLAGS and int(v) >= 1
+            }
+            return phases, searched
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return {}, {}
+
+    def engine_args(self, pool: PoolSpec, instance_id: str, port: int) -> list[str]:
+        """``epdctl serve`` arguments of one replica; budgets another instance of this role
+        searched with the same settings are passed instead of searching again."""
         e = self.engines
-        port = _free_port()
         args = [
             "serve",
             "--model", str(e.model_dir),
@@ -143,6 +202,14 @@ class LocalPools:
             "--log-level", "warning",
             *e.engine_args,
         ]  # fmt: skip
+        for name, value in sorted(self.searched_budgets.get(budget_key(pool.role, e), {}).items()):
+            args += [_BUDGET_FLAGS[name], str(value)]
+        return args
+
+    def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
+        e = self.engines
+        port = _free_port()
+        args = self.engine_args(pool, instance_id, port)
         env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
         if e.gpu_slots is not None:
             placement = e.gpu_slots.acquire(instance_id)
@@ -150,14 +217,18 @@ class LocalPools:
             env |= placement.env()
         log = e.run_dir / "logs" / f"{instance_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        spawned = time.time()
         with log.open("ab") as out:
-            return subprocess.Popen(
+            popen = subprocess.Popen(
                 [sys.executable, "-m", "epd_engine", *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
+        return _Replica(
+            instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
+        )
 
     def _release(self, instance_ids: list[str]) -> None:
         if self.engines.gpu_slots is not None:

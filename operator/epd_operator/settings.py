@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    resync_s: float = 10.0  # level-triggered timer interval
+    resync_s: float = 10.0  # level-triggered pass interval
+    # while a rollout is in progress (Progressing=True) or the spec changed: new pods are seen
+    # Ready, the routing switched and drained pools deleted within seconds, not a resync
+    rollout_resync_s: float = 2.0
     router_timeout_s: float = 2.0  # internal API calls to the router
     plan_timeout_s: float = 60.0  # Auto: the plan search is killed after this (heuristic then)
     plan_max_requests: int = 1000  # Auto: larger trace windows are sampled down to this
@@ -22,6 +27,7 @@ class OperatorSettings:
         env = os.environ
         return cls(
             resync_s=float(env.get("EPD_OPERATOR_RESYNC_S", cls.resync_s)),
+            rollout_resync_s=float(env.get("EPD_OPERATOR_ROLLOUT_RESYNC_S", cls.rollout_resync_s)),
             router_timeout_s=float(env.get("EPD_OPERATOR_ROUTER_TIMEOUT_S", cls.router_timeout_s)),
             plan_timeout_s=float(env.get("EPD_OPERATOR_PLAN_TIMEOUT_S", cls.plan_timeout_s)),
             plan_max_requests=int(env.get("EPD_OPERATOR_PLAN_MAX_REQUESTS", cls.plan_max_requests)),
@@ -30,3 +36,28 @@ class OperatorSettings:
                 u.strip() for u in env.get("EPD_OPERATOR_ROUTER_URLS", "").split(",") if u.strip()
             ),
         )
+
+    @property
+    def timer_interval_s(self) -> float:
+        """The kopf timer's interval; ``pass_due`` skips the ticks that are not due."""
+        return min(self.resync_s, self.rollout_resync_s)
+
+    def pass_due(
+        self,
+        status: Mapping[str, Any],
+        generation: int,
+        last_pass_s: float | None,
+        now_s: float,
+    ) -> bool:
+        """Whether a reconcile pass is due: the first one, then every ``rollout_resync_s``
+        (or ``resync_s`` if shorter) while the last status says a rollout is in progress or
+        the spec changed since it, else every ``resync_s`` (monotonic seconds)."""
+        if last_pass_s is None:
+            return True
+        progressing = any(
+            c.get("type") == "Progressing" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        changed = status.get("observedGeneration") != generation
+        interval = self.timer_interval_s if progressing or changed else self.resync_s
+        return now_s - last_pass_s >= interval - 0.05  # a tick a little early still counts

@@ -34,7 +34,7 @@ from PIL import Image
 from epd_engine.config import Method, Role
 from epd_engine.plan import Plan
 from epd_operator import resources as r
-from epd_operator.local_pools import LocalEngines, LocalPools
+from epd_operator.local_pools import LocalEngines, LocalPools, StartupTimeline
 from epd_operator.rollout_driver import RolloutState, rollout_pass
 from epd_operator.router_fleet import RouterFleet
 from epd_operator.spec import EPDDeploymentSpec
@@ -169,6 +169,10 @@ class Switch:
     serving_s: float | None = None  # every router replica confirmed the new plan's routing
     complete_s: float | None = None  # old pools deleted
     progress: list[str] = field(default_factory=list)
+    progress_at_s: list[float] = field(default_factory=list)  # each reason's start, from decision
+    decided_wall: float = field(default_factory=time.time)  # epoch s, to match engine phases
+    started: list[StartupTimeline] = field(default_factory=list)  # replicas the switch started
+    load_avg: tuple[float, float, float] = field(default_factory=os.getloadavg)  # at decision
 
 
 def owner_for(budget: int) -> r.Owner:
@@ -208,8 +212,10 @@ def converge(
         if switch is not None:
             if not switch.progress or switch.progress[-1] != reason:
                 switch.progress.append(reason)
+                switch.progress_at_s.append(round(time.monotonic() - switch.decided_s, 2))
             if outcome.switched and state.active_pools == {p.name for p in desired}:
                 switch.serving_s = time.monotonic()
+                switch.started = [t for t in pools.timelines() if t.spawned >= switch.decided_wall]
         if reason == "RolloutComplete":
             if switch is not None:
                 switch.complete_s = time.monotonic()
@@ -269,6 +275,47 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(np.array(values), q))
 
 
+# the engine's start-up phases (epd_engine.startup), in order, and what each one covers
+ENGINE_PHASES = (
+    ("interpreter", "main"),  # process start to our code running (Python start-up)
+    ("imports", "imports"),  # torch, FastAPI, the engine's modules
+    ("model_load", "model_loaded"),  # checkpoint read into the model
+    ("budgets", "budgets"),  # caches, runner, the token/image budget search (if not given)
+    ("engine_rest", "engine_built"),  # tokenizer/processor, async engine
+    ("server_start", "serving"),  # uvicorn, transfer backend, router link
+    ("register", "registered"),  # first heartbeat the router accepted
+)
+
+
+def phases(s: Switch) -> dict[str, float] | None:
+    """Where decision -> serving went, on the critical path: the new replica the rollout saw
+    Ready last. ``spawn``: decision to its process start; the engine's phases; ``seen_ready``:
+    registered to a rollout pass seeing it; ``switch``: that pass to the routing confirmed by
+    every router replica. Also ``replicas``: how many started and their start-to-ready spread."""
+    if s.serving_s is None or not s.started:
+        return None
+    seen = [t for t in s.started if t.ready is not None]
+    if not seen:
+        return None
+    last = max(seen, key=lambda t: t.ready or 0.0)
+    out: dict[str, float] = {"spawn": last.spawned - s.decided_wall}
+    at = last.spawned
+    for name, key in ENGINE_PHASES:
+        if key in last.phases:
+            out[name] = last.phases[key] - at
+            at = last.phases[key]
+    assert last.ready is not None
+    out["seen_ready"] = last.ready - at
+    serving_wall = s.decided_wall + (s.serving_s - s.decided_s)
+    out["switch"] = serving_wall - last.ready
+    out = {k: round(v, 2) for k, v in out.items()}
+    spread = [(t.ready or 0.0) - t.spawned for t in seen]
+    out["replicas_started"] = len(s.started)
+    out["replica_start_to_ready_min_s"] = round(min(spread), 2)
+    out["replica_start_to_ready_max_s"] = round(max(spread), 2)
+    return out
+
+
 def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
     """Failures, mismatches, and TTFT (streaming answers) around each switch vs steady state."""
     windows = [
@@ -278,6 +325,7 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
     def in_window(a: Answer, lo: float, hi: float) -> bool:
         return a.start_s < hi and a.end_s > lo
 
+    t0 = min((a.start_s for a in result.answers), default=0.0)  # traffic's clock, for "at_s"
     ttfts = [a for a in result.answers if a.ttft_s is not None and not a.error]
     steady = [a.ttft_s for a in ttfts if not any(in_window(a, lo, hi) for lo, hi in windows)]
     per_switch: list[dict[str, Any]] = []
@@ -294,7 +342,15 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
                 "decision_to_complete_s": None
                 if s.complete_s is None
                 else round(s.complete_s - s.decided_s, 2),
+                # decision, new plan serving, rollout complete: seconds since traffic began
+                "at_s": [
+                    None if t is None else round(t - t0, 2)
+                    for t in (s.decided_s, s.serving_s, s.complete_s)
+                ],
+                "load_avg_at_decision": [round(x, 2) for x in s.load_avg],
                 "progress": s.progress,
+                "progress_at_s": s.progress_at_s,
+                "decision_to_serving_phases_s": phases(s),
                 "requests_spanning": len(served),
                 "ttft_p50_s": _pct([t for t in around if t is not None], 50),
                 "ttft_p99_s": _pct([t for t in around if t is not None], 99),
@@ -321,7 +377,17 @@ def report(result: DrillResult, margin_s: float = 1.0) -> dict[str, Any]:
         "median_decision_to_serving_s": statistics.median(
             [p["decision_to_serving_s"] for p in per_switch if p["decision_to_serving_s"]] or [0.0]
         ),
+        "decision_to_serving_phases_median_s": _median_phases(
+            [p["decision_to_serving_phases_s"] for p in per_switch]
+        ),
     }
+
+
+def _median_phases(per_switch: list[dict[str, float] | None]) -> dict[str, float]:
+    """Each phase's median over the switches that report it."""
+    known = [p for p in per_switch if p]
+    names = dict.fromkeys(k for p in known for k in p)
+    return {k: round(statistics.median([p[k] for p in known if k in p]), 2) for k in names}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()
     token = secrets.token_hex(16)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -369,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     out["clients"] = args.clients
     out["steady_between_switches_s"] = args.steady_s
     out["machine"] = f"{os.cpu_count()} CPUs, CPU engines (float32), tiny-llava"
+    out["load_avg_before"] = [round(x, 2) for x in load_before]
+    out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     out["answers"] = [asdict(a) for a in result.answers]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))

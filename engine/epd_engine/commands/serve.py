@@ -173,8 +173,11 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from epd_engine import startup
     from epd_engine.server.app import ServerSettings, create_app
     from epd_engine.transfer.factory import check_backend
+
+    startup.mark("imports")
 
     # The engine thread holds the GIL through the Python parts of every step; the event loop
     # (pulls, token events, heartbeats) must not wait the default 5 ms for it each time.

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 from fastapi import FastAPI
 
+from epd_engine import startup
 from epd_engine.async_engine import AsyncEngine
 from epd_engine.config import EngineConfig, internal_token
 from epd_engine.engine import LLMEngine, StepStats
@@ -124,6 +125,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         engine = LLMEngine(config, memory)
         processor = InputProcessor(config.model_dir, engine.model_config)
         async_engine = AsyncEngine(engine, processor.decode, _step_recorder(metrics, engine))
+        startup.mark("engine_built")
         async with httpx.AsyncClient() as http:
             state = InstanceState(config, async_engine, processor, metrics, http)
             app.state.instance = state
@@ -132,6 +134,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             if link is not None:
                 link.start(engine)
             state.ready = True
+            startup.mark("serving")
             log.info("serving %s as %s", config.model_name, config.role.value)
             try:
                 yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epd_engine import startup
 from epd_engine.server.state import InstanceState
 
 router = APIRouter()
@@ -21,7 +22,16 @@ async def ready(request: Request, response: Response) -> dict[str, object]:
     if not state.ready:
         response.status_code = 503
         return {"status": "starting"}
-    return {"status": "ready", "role": state.config.role.value, "model": state.config.model_name}
+    return {
+        "status": "ready",
+        "role": state.config.role.value,
+        "model": state.config.model_name,
+        "startup": startup.timeline(),  # when each start-up phase ended (epoch seconds)
+        # budgets this instance searched at start ({} when all were given): the same role
+        # with the same flags can be started with them (``--token-budget``,
+        # ``--image-token-budget``) and skip the search
+        "searched_budgets": state.engine.engine.searched_budgets,
+    }
 
 
 @router.get("/metrics")

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from epd_engine import startup
 from epd_engine.async_engine import RequestOutput
 from epd_engine.engine import LLMEngine
 from epd_engine.router.policy import InstanceLoad
@@ -80,6 +81,7 @@ class RouterLink:
                 )
                 response.raise_for_status()
                 self.instances = [InstanceLoad.from_json(d) for d in response.json()["instances"]]
+                startup.mark("registered")
             except (httpx.HTTPError, KeyError, ValueError) as exc:
                 log.warning("heartbeat to %s failed: %r", self.router_url, exc)
             await asyncio.sleep(self.heartbeat_s)
