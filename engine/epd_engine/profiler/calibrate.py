@@ -23,8 +23,8 @@ next on an instance, for a migrated request when the target queued the offer, so
 Migrations are only observable in a run that has them, so calibrate on a disaggregated
 method (e.g. E+P+D: image and KV hops) and predict the others: the fidelity benchmark reports
 errors on runs the calibration never saw. ``cpu_share`` is the calibration run's processes
-per host core (``simulator.cpu_share``); the request, hand-off and pull overheads are stored
-divided by it, the per-iteration ``step_s`` is not (``Overheads``).
+per host core (``simulator.cpu_share``); the hand-off and pull overheads are stored divided
+by it, the request and per-iteration overheads are not (``Overheads``).
 """
 
 from __future__ import annotations
@@ -113,14 +113,15 @@ def calibrate(
     def per_share(values: Sequence[float]) -> list[float]:
         return [max(0.0, x) / cpu_share for x in values]
 
-    # step_s is not per share: a decode gap's overhead is the decoding instance's loop and the
-    # router's relay, the same processes in every plan (Overheads).
+    # request_s and step_s are not per share: the router, HTTP and the entry instance's
+    # preprocessing, and a decode gap's loop and relay, are the same processes in every plan
+    # (Overheads).
     overheads = Overheads(
-        request_s=_median(request_extra) / cpu_share,
+        request_s=_median(request_extra),
         step_s=_median(step_extra),
         handoff_s=handoff_s / cpu_share,
         pull_s=_median(pull_extra) / cpu_share,
-        request_s_quantiles=quantiles(per_share(request_extra)),
+        request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
         step_s_quantiles=quantiles([max(0.0, x) for x in gap_extra]),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),

@@ -165,14 +165,16 @@ class Overheads:
     ``migration`` alone is the link of the deployment's transfer backend as ``profile-costs``
     measured it (``FittedCostModel.for_backend``), a floor the plan bounds use.
 
-    On one shared host these are CPU work that competes with every process of the deployment:
-    ``request_s``, ``handoff_s`` and ``pull_s`` are stored per unit of CPU share
-    (``cpu_share``: processes per core, at least 1) and the simulator multiplies them by its
-    plan's share. ``step_s`` is stored as measured and not scaled: a decode gap's overhead is
-    the engine loop of the decoding instance and the router's relay of its token, the same
-    processes in every plan, and the plan's other instances are idle for most of a decode
-    (measured on 2 cores, the gap distribution of EPD, share 1, matches that of E+P+D, share
-    2: p90 gap 5.0 vs 4.7 ms; contention while they are busy is ``host_cores`` sharing).
+    On one shared host the migration protocol competes with every process of the deployment:
+    ``handoff_s`` and ``pull_s`` are stored per unit of CPU share (``cpu_share``: processes
+    per core, at least 1) and the simulator multiplies them by its plan's share. ``request_s``
+    and ``step_s`` are stored as measured and not scaled: they are the router, HTTP and the
+    entry instance's preprocessing, and a decode gap's engine loop and token relay -- the same
+    processes in every plan, whose other instances are idle for most of a request. Measured
+    on 2 cores, TTFT outside the stages is 15-18 ms in EPD (share 1), 18-19 in EP+D (1.5) and
+    20-22 in E+P+D (2, an image hop included): scaled by the share, EPD's was half of it. The
+    decode-gap distribution of EPD matches E+P+D's too (p90 gap 5.0 vs 4.7 ms); contention
+    while other instances are busy is ``host_cores`` sharing.
     """
 
     request_s: float = 0.0  # arrival -> queued on its first instance

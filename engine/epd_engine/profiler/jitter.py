@@ -1,7 +1,7 @@
 """Calibrated overheads as the simulator applies them: fixed medians, or seeded draws from
-their empirical quantiles (same seed, same run: simulations stay deterministic); the request,
-hand-off and pull overheads times the plan's CPU share on a shared host, the per-iteration
-step overhead as measured (``Overheads``)."""
+their empirical quantiles (same seed, same run: simulations stay deterministic); the hand-off
+and pull overheads times the plan's CPU share on a shared host, the request and per-iteration
+step overheads as measured (``Overheads``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Jitter:
 
     def request_s(self) -> float:
         o = self.overheads
-        return self._draw(o.request_s, o.request_s_quantiles, self.cpu_share)
+        return self._draw(o.request_s, o.request_s_quantiles, 1.0)  # not per share
 
     def step_s(self) -> float:
         o = self.overheads

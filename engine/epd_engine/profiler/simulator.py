@@ -43,9 +43,9 @@ def cpu_share(plan: Plan, host_cores: float | None) -> float:
     """Processes per core when the plan's instances and its router share ``host_cores``
     (at least 1); 1 when every instance has its own device (``host_cores`` None).
 
-    Calibrated overheads (router, HTTP, migration protocol, engine loop) are CPU work of
-    those processes, so they scale with it (``Overheads``). The bench client is not counted:
-    the plan does not include it."""
+    The calibrated migration protocol (hand-off, pull) is CPU work of those processes, so it
+    scales with it (``Overheads``). The bench client is not counted: the plan does not
+    include it."""
     if not host_cores:
         return 1.0
     return max(1.0, (plan.num_instances + 1) / host_cores)

@@ -167,7 +167,7 @@ def test_a_target_without_pages_keeps_the_migration_queued_until_it_has_room() -
     assert second_decodes_from > first.arrival_s + first.e2e_s  # waited for the first's pages
 
 
-def test_overheads_scale_with_processes_per_core_on_a_shared_host() -> None:
+def test_request_overhead_does_not_scale_with_processes_per_core() -> None:
     e_p_d = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
     epd = Plan(method=Method.EPD, pools={Role.EPD: 1})
     assert cpu_share(e_p_d, None) == 1.0  # own devices
@@ -178,7 +178,8 @@ def test_overheads_scale_with_processes_per_core_on_a_shared_host() -> None:
     [own] = simulate(e_p_d, trace, cost, SLO_LOOSE).results
     [shared] = simulate(e_p_d, trace, cost, SLO_LOOSE, host_cores=2).results
     assert own.ttft_s is not None and shared.ttft_s is not None
-    assert shared.ttft_s == pytest.approx(own.ttft_s + 0.1)  # 0.2 s of router work, not 0.1
+    # the router and HTTP are the same processes in every plan: not 0.2 s on a shared host
+    assert shared.ttft_s == pytest.approx(own.ttft_s)
 
 
 def test_colocated_stages_report_queue_and_execution_like_the_engine() -> None:
