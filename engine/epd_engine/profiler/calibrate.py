@@ -16,6 +16,10 @@ next on an instance, for a migrated request when the target queued the offer, so
 - ``request_s``: TTFT minus the time in stages and stage queues before the first token,
   minus one hand-off per migration before it (router + HTTP + preprocessing);
 - ``step_s``: measured decode seconds per generated token minus the model's decode step;
+- ``encode_s`` / ``export_s``: the ``encode`` stage, and the ``prefill`` stage of a request
+  whose KV migrates next (its prefill ran where nothing decodes), minus the runner's step for
+  that work and ``step_s``: what those iterations do beyond it (one iteration each: a prompt
+  within the token budget);
 - empirical quantiles of each (the step's from every inter-token gap except one that spans
   a migration), which the simulator samples: on a shared host p90 TPOT is made of the
   jitter, which a median cannot reproduce.
@@ -34,7 +38,7 @@ from collections.abc import Sequence
 from statistics import median
 
 from epd_engine.bench.metrics import RequestResult
-from epd_engine.profiler.cost_model import FittedCostModel, Overheads
+from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, Overheads
 
 # Before the first token; prefill_queue already holds the image pull (see above).
 _BEFORE_FIRST_TOKEN = ("encode_queue", "encode", "prefill_queue", "prefill")
@@ -81,6 +85,8 @@ def calibrate(
     gap_extra: list[float] = []
     pull_extra: list[float] = []
     handoff: list[float] = []
+    encode_extra: list[float] = []
+    export_extra: list[float] = []
     before_first: list[tuple[float, int]] = []  # (TTFT outside stages, hops before it)
     rerouted = 0
     for r in measured:
@@ -94,6 +100,16 @@ def calibrate(
             if f"migration_{kind}" in stages:
                 link = cost.migration_s(kind, tokens)
                 pull_extra.append(max(0.0, stages[f"migration_{kind}"] - link))
+        if r.num_images and "encode" in stages:
+            encode = BatchShape(num_images=r.num_images, image_tokens=image_tokens)
+            encode_extra.append(stages["encode"] - cost.runner_step_s(encode))
+        if kv_hop and "prefill" in stages:
+            prefill = BatchShape(
+                num_tokens=kv_tokens,
+                prefill_kpairs=kv_tokens * (kv_tokens + 1) / 2000,
+                num_sampled=1,
+            )
+            export_extra.append(stages["prefill"] - cost.runner_step_s(prefill))
         tokens = max(r.num_output_tokens - 1, 0)
         if tokens > 0 and stages.get("decode"):
             context = r.prompt_tokens + r.num_output_tokens // 2
@@ -116,15 +132,18 @@ def calibrate(
     # request_s and step_s are not per share: the router, HTTP and the entry instance's
     # preprocessing, and a decode gap's loop and relay, are the same processes in every plan
     # (Overheads).
+    step_s = _median(step_extra)
     overheads = Overheads(
         request_s=_median(request_extra),
-        step_s=_median(step_extra),
+        step_s=step_s,
         handoff_s=handoff_s / cpu_share,
         pull_s=_median(pull_extra) / cpu_share,
         request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
         step_s_quantiles=quantiles([max(0.0, x) for x in gap_extra]),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
+        encode_s=max(0.0, _median(encode_extra) - step_s),
+        export_s=max(0.0, _median(export_extra) - step_s),
     )
     meta = dict(cost.meta)
     meta["calibration"] = {
@@ -137,5 +156,7 @@ def calibrate(
         "step_s": overheads.step_s,
         "handoff_s": overheads.handoff_s,
         "pull_s": overheads.pull_s,
+        "encode_s": overheads.encode_s,
+        "export_s": overheads.export_s,
     }
     return dataclasses.replace(cost, overheads=overheads, meta=meta)

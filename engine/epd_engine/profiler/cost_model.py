@@ -187,6 +187,13 @@ class Overheads:
     step_s_quantiles: tuple[float, ...] = ()
     handoff_s_quantiles: tuple[float, ...] = ()
     pull_s_quantiles: tuple[float, ...] = ()
+    # Iterations that cost more than the runner's timed work and ``step_s`` (not per share):
+    # an encode, and a prefill on an instance that does not decode (it offers the KV early
+    # and marks each written layer for the target's pull, DESIGN.md §4, while its event loop
+    # answers the target's polls). Tiny-llava on 2 cores: 0.8 and 1.5 ms; EPD's prefill,
+    # which exports nothing, is within 0.4 ms of the runner's.
+    encode_s: float = 0.0
+    export_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -276,10 +283,11 @@ class FittedCostModel:
 
 def _overheads(data: dict[str, Any]) -> Overheads:
     names = ("request_s", "step_s", "handoff_s", "pull_s")
-    known = {*names, *(f"{n}_quantiles" for n in names)}
+    fixed = ("encode_s", "export_s")  # medians only
+    known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:
         raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {name: float(data.get(name, 0.0)) for name in fixed}
     for name in names:
         values[name] = float(data.get(name, 0.0))
         values[f"{name}_quantiles"] = tuple(float(x) for x in data.get(f"{name}_quantiles", ()))

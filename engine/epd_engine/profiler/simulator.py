@@ -194,6 +194,11 @@ class _Run:
         if out.is_empty:
             return  # blocked on pages: a step or a released migration will kick it again
         step_s = self.cost.runner_step_s(out.shape()) + self.jitter.step_s()
+        overheads = self.cost.overheads
+        if out.encodes:
+            step_s += overheads.encode_s
+        if out.prefills and not inst.role.decodes:  # its KV is exported while it prefills
+            step_s += overheads.export_s
         self.num_busy += 1
         if self.sim.host_cores:  # processor sharing, fixed at the iteration's start
             step_s *= max(1.0, self.num_busy / self.sim.host_cores)

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
 from epd_engine.profiler.calibrate import calibrate, quantiles
-from epd_engine.profiler.cost_model import Overheads
+from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
 
@@ -169,3 +171,21 @@ def test_jitter_scales_the_migration_overheads_by_the_plans_share() -> None:
     assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
     drawn = Overheads(step_s_quantiles=(0.001, 0.005))
     assert {Jitter(drawn, seed, cpu_share=2.0).step_s() for seed in range(20)} == {0.001, 0.005}
+
+
+def test_calibration_reads_encode_and_kv_export_overheads_off_their_stages() -> None:
+    cost = toy_cost_model(encode_per_image_s=0.002, decode_step_s=0.005, tokens_per_image=100)
+    plain = calibrate(cost, [_disaggregated(i) for i in range(10)]).overheads
+    slower = []
+    for i in range(10):
+        r = _disaggregated(i)
+        stages = dict(r.stage_s or {})
+        stages["encode"] += 0.003
+        stages["prefill"] += 0.002
+        slower.append(dataclasses.replace(r, stage_s=stages))
+    o = calibrate(cost, slower).overheads
+    assert o.encode_s == pytest.approx(plain.encode_s + 0.003, abs=1e-9)
+    assert o.export_s == pytest.approx(plain.export_s + 0.002, abs=1e-9)
+    # the runner's own step (2 ms) and the engine loop's step_s are not counted again
+    assert cost.runner_step_s(BatchShape(num_images=1, image_tokens=100)) == pytest.approx(0.002)
+    assert plain.encode_s == pytest.approx(0.005 - 0.002 - o.step_s)

@@ -193,3 +193,21 @@ def test_colocated_stages_report_queue_and_execution_like_the_engine() -> None:
         "decode_queue": 0.0,
         "decode": pytest.approx(3 * (0.005 + 1e-4)),
     }
+
+
+def test_encode_and_kv_export_iterations_cost_their_calibrated_overheads() -> None:
+    """An encode iteration pays ``encode_s``; a prefill pays ``export_s`` only where nothing
+    decodes (its KV is offered early and exported layer by layer), not on an EPD instance."""
+    base = toy_cost_model()
+    cost = dataclasses.replace(base, overheads=Overheads(encode_s=0.003, export_s=0.002))
+    trace = make_trace(num=1, output_tokens=2)
+    for plan, export in (
+        (Plan(method=Method.EPD, pools={Role.EPD: 1}), 0.0),
+        (Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}), 0.002),
+    ):
+        [plain] = simulate(plan, trace, base, SLO_LOOSE).results
+        [charged] = simulate(plan, trace, cost, SLO_LOOSE).results
+        assert plain.stage_s is not None and charged.stage_s is not None
+        assert charged.stage_s["encode"] == pytest.approx(plain.stage_s["encode"] + 0.003)
+        assert charged.stage_s["prefill"] == pytest.approx(plain.stage_s["prefill"] + export)
+        assert charged.ttft_s == pytest.approx((plain.ttft_s or 0.0) + 0.003 + export)
