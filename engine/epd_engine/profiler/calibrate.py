@@ -7,8 +7,13 @@ host waits for the CPU. From a ``epdctl bench`` report whose requests carry per-
 next on an instance, for a migrated request when the target queued the offer, so a
 ``prefill_queue`` / ``decode_queue`` after a migration includes its pull) this estimates:
 
-- ``pull_s``: the router's ``migration_{kind}`` seconds (the target's pull, from its
+- ``pull_s``: the router's ``migration_image`` seconds (the target's pull, from its
   scheduling to the bytes in its pages) minus the bytes over the link;
+- ``kv_pull_s``: a KV hop's ``decode_queue`` minus the bytes over the link. KV is offered
+  early and the target waits on the source's prefill (long-polls, the last layer group after
+  the first token), so its pull is that whole wait; ``migration_kv`` times only the last copy
+  (0.03 ms of a 4 ms queue on 2 cores). At the lowest rate the decode instance is idle, so
+  the queue is the pull;
 - ``handoff_s``: the offer, from the source's last step to the target's queue. Not reported
   directly, but a KV hop sits inside the client's first inter-token gap: the first token
   leaves the prefill instance as the offer goes out, the second comes after the target's
@@ -85,6 +90,7 @@ def calibrate(
     gap_extra: list[float] = []
     pull_extra: list[float] = []
     handoff: list[float] = []
+    kv_pull: list[float] = []
     encode_extra: list[float] = []
     export_extra: list[float] = []
     before_first: list[tuple[float, int]] = []  # (TTFT outside stages, hops before it)
@@ -96,10 +102,12 @@ def calibrate(
         kv_hop = "migration_kv" in stages
         kv_tokens = r.server_prompt_tokens or r.prompt_tokens
         image_tokens = r.num_images * (cost.capacity.tokens_per_image or 0)
-        for kind, tokens in (("image", image_tokens), ("kv", kv_tokens)):
-            if f"migration_{kind}" in stages:
-                link = cost.migration_s(kind, tokens)
-                pull_extra.append(max(0.0, stages[f"migration_{kind}"] - link))
+        if "migration_image" in stages:
+            link = cost.migration_s("image", image_tokens)
+            pull_extra.append(max(0.0, stages["migration_image"] - link))
+        if kv_hop and clean:
+            link = cost.migration_s("kv", kv_tokens)
+            kv_pull.append(max(0.0, stages.get("decode_queue", 0.0) - link))
         if r.num_images and "encode" in stages:
             encode = BatchShape(num_images=r.num_images, image_tokens=image_tokens)
             encode_extra.append(stages["encode"] - cost.runner_step_s(encode))
@@ -142,6 +150,8 @@ def calibrate(
         step_s_quantiles=quantiles([max(0.0, x) for x in gap_extra]),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
+        kv_pull_s=_median(kv_pull) / cpu_share,
+        kv_pull_s_quantiles=quantiles(per_share(kv_pull)),
         encode_s=max(0.0, _median(encode_extra) - step_s),
         export_s=max(0.0, _median(export_extra) - step_s),
     )
@@ -150,12 +160,13 @@ def calibrate(
         "source": source,
         "num_requests": len(measured),
         "num_rerouted_skipped": rerouted,
-        "num_migrations": len(pull_extra),
+        "num_migrations": len(pull_extra) + len(kv_pull),
         "cpu_share": cpu_share,
         "request_s": overheads.request_s,
         "step_s": overheads.step_s,
         "handoff_s": overheads.handoff_s,
         "pull_s": overheads.pull_s,
+        "kv_pull_s": overheads.kv_pull_s,
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
     }

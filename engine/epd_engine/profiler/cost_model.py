@@ -187,6 +187,10 @@ class Overheads:
     step_s_quantiles: tuple[float, ...] = ()
     handoff_s_quantiles: tuple[float, ...] = ()
     pull_s_quantiles: tuple[float, ...] = ()
+    # A KV pull's, when calibrated apart (else pull_s): KV moves by the early hand-off, whose
+    # target waits on the source's prefill (``calibrate``).
+    kv_pull_s: float = 0.0
+    kv_pull_s_quantiles: tuple[float, ...] = ()
     # Iterations that cost more than the runner's timed work and ``step_s`` (not per share):
     # an encode, and a prefill on an instance that does not decode (it offers the KV early
     # and marks each written layer for the target's pull, DESIGN.md §4, while its event loop
@@ -282,7 +286,7 @@ class FittedCostModel:
 
 
 def _overheads(data: dict[str, Any]) -> Overheads:
-    names = ("request_s", "step_s", "handoff_s", "pull_s")
+    names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s")
     fixed = ("encode_s", "export_s")  # medians only
     known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:

@@ -35,3 +35,9 @@ class Jitter:
     def pull_s(self) -> float:
         o = self.overheads
         return self._draw(o.pull_s, o.pull_s_quantiles, self.cpu_share)
+
+    def kv_pull_s(self) -> float:
+        o = self.overheads
+        if not (o.kv_pull_s or o.kv_pull_s_quantiles):  # calibrated before KV had its own
+            return self.pull_s()
+        return self._draw(o.kv_pull_s, o.kv_pull_s_quantiles, self.cpu_share)

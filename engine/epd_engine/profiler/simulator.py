@@ -298,7 +298,7 @@ class _Run:
                 pull_s = self.jitter.pull_s() + self.cost.migration_s("image", num_tokens)
         else:
             num_tokens = task.num_kv_tokens
-            pull_s = self.jitter.pull_s() + self.cost.migration_s("kv", num_tokens)
+            pull_s = self.jitter.kv_pull_s() + self.cost.migration_s("kv", num_tokens)
         self.track.migrated(int(task.request_id), task.kind.value, pull_s)
         self.push(now + pull_s, _PULLED, target.index, task.request_id)
 

@@ -117,6 +117,16 @@ def test_calibration_separates_hand_off_pull_and_request_overheads() -> None:
     assert max(o.step_s_quantiles) == pytest.approx(step, abs=1e-6)
 
 
+def test_a_kv_pull_is_read_off_the_decode_queue_not_the_last_copy() -> None:
+    """The router's migration_kv times the last copy of an early hand-off; the target's wait
+    for the source's prefill is in its decode queue (the decode instance idle at low rate)."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    o = calibrate(cost, [_disaggregated(i) for i in range(10)]).overheads
+    link = cost.migration_s("kv", 20)
+    assert o.kv_pull_s == pytest.approx(0.03 + 0.004 - link, abs=1e-6)  # pull + D's wait
+    assert o.pull_s == pytest.approx(0.03 - cost.migration_s("image", 0), abs=1e-6)
+
+
 def test_overheads_are_stored_per_unit_of_cpu_share() -> None:
     cost = toy_cost_model(decode_step_s=0.005)
     results = [_disaggregated(i) for i in range(10)]

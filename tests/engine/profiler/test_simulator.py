@@ -151,6 +151,20 @@ def test_a_migration_is_hand_off_then_queue_then_pull_as_in_the_real_protocol() 
     assert r.stage_s["decode_queue"] == pytest.approx(kv_pull)
 
 
+def test_a_kv_pull_waits_its_own_calibrated_latency() -> None:
+    """KV moves by the early hand-off: its target's wait (``kv_pull_s``) is not an image pull's."""
+    base = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=1e-4, decode_step_s=0.005)
+    overheads = Overheads(handoff_s=0.02, pull_s=0.03, kv_pull_s=0.05)
+    cost = dataclasses.replace(base, overheads=overheads)
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    [r] = simulate(plan, make_trace(num=1, output_tokens=3), cost, SLO_LOOSE).results
+    assert r.stage_s is not None
+    assert r.stage_s["migration_image"] == pytest.approx(0.03 + cost.migration_s("image", 100))
+    kv_pull = 0.05 + cost.migration_s("kv", 120)
+    assert r.stage_s["decode_queue"] == pytest.approx(kv_pull)
+    assert r.itl_s[0] == pytest.approx(0.02 + kv_pull + 0.005 + 1e-4)
+
+
 def test_a_target_without_pages_keeps_the_migration_queued_until_it_has_room() -> None:
     """Pages are taken when the target's scheduler admits the pull, not when the offer lands:
     with room for one request's KV on D, the second waits in D's queue, nothing fails."""
