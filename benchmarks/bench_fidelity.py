@@ -109,6 +109,7 @@ def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> d
     try:
         sh(*EPDCTL, "bench", "--endpoint", f"http://127.0.0.1:{args.port}/v1",
            "--trace", str(args.trace_path), "--sweep", args.rates, "--no-progress",
+           "--warmup", "2",  # first kernels and connections: not what a request costs
            "--tokenizer", str(args.model_dir),  # token-exact prompts, as the simulator counts
            "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
            "--label", name, "--out", str(out))  # fmt: skip

@@ -37,7 +37,7 @@ def test_calibration_recovers_request_and_step_overheads() -> None:
     calibrated = calibrate(cost, results, source="unit")
     assert calibrated.overheads.request_s == pytest.approx(0.1)  # 0.15 - 0.01 - 0.04
     assert calibrated.overheads.step_s == pytest.approx(0.01, abs=1e-4)
-    assert calibrated.meta["calibration"]["num_requests"] == 10
+    assert calibrated.meta["calibration"]["num_requests"] == 9  # the first sent is cold
     assert all(q == pytest.approx(0.01, abs=1e-4) for q in calibrated.overheads.step_s_quantiles)
 
 
@@ -53,6 +53,17 @@ def test_calibrated_overheads_show_up_in_simulated_latency() -> None:
     assert slowed.ttft_s is not None and plain.ttft_s is not None
     assert slowed.ttft_s == pytest.approx(plain.ttft_s + 0.1 + 0.01, abs=1e-3)
     assert slowed.itl_s[0] == pytest.approx(plain.itl_s[0] + 0.01, abs=1e-3)
+
+
+def test_the_first_request_sent_does_not_calibrate() -> None:
+    """It pays one-off costs (first kernels, first connections) that no other request does."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    cold = _result(0, 5.0, (step + 0.01,) * 4)
+    warm = [_result(i, 0.15, (step + 0.01,) * 4) for i in range(1, 4)]
+    o = calibrate(cost, [cold, *warm]).overheads
+    assert o.request_s == pytest.approx(0.1)
+    assert max(o.request_s_quantiles) == pytest.approx(0.1)
 
 
 def test_calibration_needs_stage_timings() -> None:
