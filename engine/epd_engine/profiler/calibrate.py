@@ -25,6 +25,8 @@ next on an instance, for a migrated request when the target queued the offer, so
   whose KV migrates next (its prefill ran where nothing decodes), minus the runner's step for
   that work and ``step_s``: what those iterations do beyond it (one iteration each: a prompt
   within the token budget);
+- ``silent_tokens``: the fraction of tokens after the first the client got no chunk for
+  (server-counted tokens minus streamed chunks);
 - empirical quantiles of each (the step's from every inter-token gap except one that spans
   a migration), which the simulator samples: on a shared host p90 TPOT is made of the
   jitter, which a median cannot reproduce.
@@ -32,8 +34,9 @@ next on an instance, for a migrated request when the target queued the offer, so
 Migrations are only observable in a run that has them, so calibrate on a disaggregated
 method (e.g. E+P+D: image and KV hops) and predict the others: the fidelity benchmark reports
 errors on runs the calibration never saw. ``cpu_share`` is the calibration run's processes
-per host core (``simulator.cpu_share``); the hand-off and pull overheads are stored divided
-by it, the request and per-iteration overheads are not (``Overheads``).
+per host core (``simulator.cpu_share``); the hand-off and pull overheads, and the stalls of
+the per-iteration overhead, are stored divided by it, the request overhead is not
+(``Overheads``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ def _hops_before_first_token(r: RequestResult, kv_hop: bool) -> int:
     return int("migration_image" in (r.stage_s or {}))
 
 
+def stalls_per_share(values: tuple[float, ...], cpu_share: float) -> tuple[float, ...]:
+    """Gap overheads with their excess over the median divided by ``cpu_share``: a gap's
+    stall is its process waiting for a core, which grows with processes per core (p98 gap
+    over its median on 2 cores: E+P+D 3.8 ms, EP+D 2.6, EPD 2.3); the body is the loop."""
+    if not values:
+        return values
+    pivot = median(values)
+    return tuple(round(pivot + (x - pivot) / cpu_share, 6) if x > pivot else x for x in values)
+
+
 def _median(values: Sequence[float]) -> float:
     return max(0.0, median(values)) if values else 0.0
 
@@ -99,6 +112,7 @@ def calibrate(
     encode_extra: list[float] = []
     export_extra: list[float] = []
     before_first: list[tuple[float, int]] = []  # (TTFT outside stages, hops before it)
+    later_tokens = chunks = 0  # tokens after the first, and the chunks they came in
     rerouted = 0
     for r in measured:
         stages = r.stage_s or {}
@@ -124,6 +138,8 @@ def calibrate(
             )
             export_extra.append(stages["prefill"] - cost.runner_step_s(prefill))
         tokens = max(r.num_output_tokens - 1, 0)
+        later_tokens += tokens
+        chunks += min(len(r.itl_s), tokens)
         if tokens > 0 and stages.get("decode"):
             context = r.prompt_tokens + r.num_output_tokens // 2
             model_step = cost.decode_s(1, context)
@@ -143,8 +159,8 @@ def calibrate(
         return [max(0.0, x) / cpu_share for x in values]
 
     # request_s and step_s are not per share: the router, HTTP and the entry instance's
-    # preprocessing, and a decode gap's loop and relay, are the same processes in every plan
-    # (Overheads).
+    # preprocessing, and a decode gap's loop and relay, are the same processes in every plan;
+    # only a gap's stalls are (Overheads).
     step_s = _median(step_extra)
     overheads = Overheads(
         request_s=_median(request_extra),
@@ -152,13 +168,14 @@ def calibrate(
         handoff_s=handoff_s / cpu_share,
         pull_s=_median(pull_extra) / cpu_share,
         request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
-        step_s_quantiles=quantiles([max(0.0, x) for x in gap_extra]),
+        step_s_quantiles=stalls_per_share(quantiles([max(0.0, x) for x in gap_extra]), cpu_share),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
         kv_pull_s=_median(kv_pull) / cpu_share,
         kv_pull_s_quantiles=quantiles(per_share(kv_pull)),
         encode_s=max(0.0, _median(encode_extra) - step_s),
         export_s=max(0.0, _median(export_extra) - step_s),
+        silent_tokens=1.0 - chunks / later_tokens if later_tokens else 0.0,
     )
     meta = dict(cost.meta)
     meta["calibration"] = {
@@ -174,5 +191,6 @@ def calibrate(
         "kv_pull_s": overheads.kv_pull_s,
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
+        "silent_tokens": overheads.silent_tokens,
     }
     return dataclasses.replace(cost, overheads=overheads, meta=meta)

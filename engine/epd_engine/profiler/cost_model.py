@@ -172,13 +172,14 @@ class Overheads:
     entry instance's preprocessing, and a decode gap's engine loop and token relay -- the same
     processes in every plan, whose other instances are idle for most of a request. Measured
     on 2 cores, TTFT outside the stages is 15-18 ms in EPD (share 1), 18-19 in EP+D (1.5) and
-    20-22 in E+P+D (2, an image hop included): scaled by the share, EPD's was half of it. The
-    decode-gap distribution of EPD matches E+P+D's too (p90 gap 5.0 vs 4.7 ms); contention
-    while other instances are busy is ``host_cores`` sharing.
+    20-22 in E+P+D (2, an image hop included): scaled by the share, EPD's was half of it.
+    Only a gap's stall -- its draw above the median of ``step_s_quantiles`` -- is per share
+    (its process waiting for a core; ``calibrate.stalls_per_share``); contention while other
+    instances are busy is ``host_cores`` sharing.
     """
 
     request_s: float = 0.0  # arrival -> queued on its first instance
-    step_s: float = 0.0  # added to every iteration (not per share)
+    step_s: float = 0.0  # added to every iteration (not per share; its stalls are)
     handoff_s: float = 0.0  # source's stage done -> queued on the migration target
     pull_s: float = 0.0  # pull protocol latency beyond bytes / bandwidth
     # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).
@@ -198,6 +199,10 @@ class Overheads:
     # which exports nothing, is within 0.4 ms of the runner's.
     encode_s: float = 0.0
     export_s: float = 0.0
+    # Fraction of tokens after the first that reach the client with no text (the server
+    # holds it back): no gap of their own, their time folds into the next (``tracker``).
+    # Tiny-llava: 14%, so a 12-token reply shows 9 gaps and its p90 gap is the KV hop.
+    silent_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,7 @@ class FittedCostModel:
 
 def _overheads(data: dict[str, Any]) -> Overheads:
     names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s")
-    fixed = ("encode_s", "export_s")  # medians only
+    fixed = ("encode_s", "export_s", "silent_tokens")  # no quantiles
     known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:
         raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")

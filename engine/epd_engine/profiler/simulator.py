@@ -100,7 +100,8 @@ class _Run:
         self.cost = sim.cost
         self.records = records
         self.factory = RequestFactory(sim.cost)
-        self.track = RequestTracker(records, sim.slo if stop else None)
+        silent = sim.cost.overheads.silent_tokens
+        self.track = RequestTracker(records, sim.slo if stop else None, silent)
         self.instances: list[SimInstance] = []
         if not sim.infeasible:
             for role in sim.plan.method.roles:

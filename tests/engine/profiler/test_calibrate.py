@@ -7,7 +7,7 @@ import pytest
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
-from epd_engine.profiler.calibrate import calibrate, quantiles
+from epd_engine.profiler.calibrate import calibrate, quantiles, stalls_per_share
 from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
@@ -190,8 +190,31 @@ def test_jitter_scales_the_migration_overheads_by_the_plans_share() -> None:
     assert shared.handoff_s() == pytest.approx(2 * alone.handoff_s())
     assert shared.pull_s() == pytest.approx(2 * alone.pull_s())
     assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
-    drawn = Overheads(step_s_quantiles=(0.001, 0.005))
-    assert {Jitter(drawn, seed, cpu_share=2.0).step_s() for seed in range(20)} == {0.001, 0.005}
+    drawn = Overheads(step_s_quantiles=(0.001, 0.001, 0.005))
+    assert {Jitter(drawn, seed, cpu_share=1.0).step_s() for seed in range(20)} == {0.001, 0.005}
+    # a stall (the excess over the median) is per share: its process waits for a core
+    draws = {round(Jitter(drawn, seed, cpu_share=2.0).step_s(), 9) for seed in range(20)}
+    assert draws == {0.001, 0.009}
+
+
+def test_stalls_are_stored_per_unit_of_cpu_share() -> None:
+    assert stalls_per_share((0.0, 0.001, 0.001, 0.005), 2.0) == (0.0, 0.001, 0.001, 0.003)
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    gaps = (step,) * 8 + (step + 0.004,) * 2  # two 4 ms stalls in ten gaps
+    results = [_result(i, 0.15, gaps) for i in range(10)]
+    plain = calibrate(cost, results).overheads.step_s_quantiles
+    shared = calibrate(cost, results, cpu_share=2.0).overheads.step_s_quantiles
+    assert max(plain) == pytest.approx(0.004, abs=1e-6)
+    assert max(shared) == pytest.approx(0.002, abs=1e-6)
+    assert min(shared) == min(plain) == 0.0
+
+
+def test_calibration_counts_tokens_the_client_got_no_chunk_for() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    r = _result(1, 0.15, (0.01, 0.01))
+    silent = dataclasses.replace(r, num_output_tokens=5, output_tokens=5)  # 4 later, 2 chunks
+    assert calibrate(cost, [r, r, silent]).overheads.silent_tokens == pytest.approx(0.5 * 4 / 6)
 
 
 def test_calibration_reads_encode_and_kv_export_overheads_off_their_stages() -> None:

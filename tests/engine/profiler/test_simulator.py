@@ -225,3 +225,17 @@ def test_encode_and_kv_export_iterations_cost_their_calibrated_overheads() -> No
         assert charged.stage_s["encode"] == pytest.approx(plain.stage_s["encode"] + 0.003)
         assert charged.stage_s["prefill"] == pytest.approx(plain.stage_s["prefill"] + export)
         assert charged.ttft_s == pytest.approx((plain.ttft_s or 0.0) + 0.003 + export)
+
+
+def test_tokens_the_client_gets_no_text_for_fold_into_the_next_gap() -> None:
+    """As the client measures: one gap a chunk, the last token flushes what was held."""
+    plan = Plan(method=Method.EPD, pools={Role.EPD: 1})
+    trace = make_trace(num=1, images_per_request=0, output_tokens=5)
+    base = toy_cost_model()
+    silent = dataclasses.replace(base, overheads=Overheads(silent_tokens=1.0))
+    [plain] = simulate(plan, trace, base, SLO_LOOSE).results
+    [folded] = simulate(plan, trace, silent, SLO_LOOSE).results
+    assert len(plain.itl_s) == 4 and len(folded.itl_s) == 1
+    assert folded.itl_s[0] == pytest.approx(sum(plain.itl_s))
+    assert folded.num_output_tokens == plain.num_output_tokens == 5
+    assert folded.e2e_s == pytest.approx(plain.e2e_s)
