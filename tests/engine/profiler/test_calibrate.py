@@ -233,3 +233,13 @@ def test_calibration_reads_encode_and_kv_export_overheads_off_their_stages() -> 
     # the runner's own step (2 ms) and the engine loop's step_s are not counted again
     assert cost.runner_step_s(BatchShape(num_images=1, image_tokens=100)) == pytest.approx(0.002)
     assert plain.encode_s == pytest.approx(0.005 - 0.002 - o.step_s)
+
+
+def test_step_quantiles_resolve_a_one_percent_stall_tail() -> None:
+    """p90 TPOT is made of the rare stalls: 2 gaps in 200 must be drawable."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    results = [_result(i, 0.15, (step,) * 20) for i in range(11)]  # the first is skipped
+    results[-1] = _result(10, 0.15, (step,) * 18 + (step + 0.01,) * 2)
+    quantiles_ = calibrate(cost, results).overheads.step_s_quantiles
+    assert max(quantiles_) == pytest.approx(0.01, abs=1e-6)
