@@ -161,7 +161,8 @@ class Overheads:
 
     A migration is ``handoff_s`` (step 1: the source offers, the target queues it), then, once
     the target's scheduler admits it, ``pull_s + migration.at(kind, tokens)`` (steps 2-3:
-    ``pull_s`` the protocol around the pages, ``migration`` the pages over the link).
+    ``pull_s`` the protocol around the pages -- ``kv_pull_s`` for KV when calibrated apart --
+    ``migration`` the pages over the link).
     ``migration`` alone is the link of the deployment's transfer backend as ``profile-costs``
     measured it (``FittedCostModel.for_backend``), a floor the plan bounds use.
 
