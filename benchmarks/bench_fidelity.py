@@ -20,14 +20,17 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from epd_engine.bench.arrivals import at_rate
 from epd_engine.bench.goodput import sweep
+from epd_engine.bench.metrics import LatencyStats, RequestResult
 from epd_engine.bench.report import (
     build_report,
     load_report,
@@ -83,7 +86,7 @@ def manifest_plan(path: str, cost: FittedCostModel) -> tuple[str, Plan, FittedCo
     return deployment.name, plan, cost.for_backend(spec.engine.transfer_backend)
 
 
-def p90s(report: dict[str, Any]) -> dict[float, dict[str, float]]:
+def p90s(report: dict[str, Any]) -> dict[float, dict[str, Any]]:
     out = {}
     for point in report["points"]:
         summary = point["summary"] or {}
@@ -100,6 +103,24 @@ def rel_error(sim: float, real: float) -> float | None:
     return abs(sim - real) / real if real > 0 else None
 
 
+def p90_pair(results: list[RequestResult]) -> tuple[float, float]:
+    """(p90 TTFT, p90 of the per-request p90 gap) as the reports compute them."""
+    ok = [r for r in results if r.ok]
+    ttft = LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None]).p90_s
+    return ttft, LatencyStats.of([r.tpot_p90_s for r in ok if r.itl_s]).p90_s
+
+
+def bootstrap_p90(results: list[RequestResult], draws: int = 1000) -> dict[str, list[float]]:
+    """80% interval of the real p90s as resampling the run's requests moves them: how far
+    40 requests pin a p90 down (a 10% error is below the noise where this is wider)."""
+    rng = random.Random(0)
+    pairs = sorted(p90_pair(rng.choices(results, k=len(results))) for _ in range(draws))
+    ttft = sorted(t for t, _ in pairs)
+    tpot = sorted(p for _, p in pairs)
+    lo, hi = int(0.1 * draws), int(0.9 * draws)
+    return {"ttft_p90_s": [ttft[lo], ttft[hi]], "tpot_p90_s": [tpot[lo], tpot[hi]]}
+
+
 def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if args.reuse_real and out.exists():
         print(f"reusing {out}")
@@ -109,6 +130,7 @@ def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> d
     try:
         sh(*EPDCTL, "bench", "--endpoint", f"http://127.0.0.1:{args.port}/v1",
            "--trace", str(args.trace_path), "--sweep", args.rates, "--no-progress",
+           "--warmup", "2",  # first kernels and connections: not what a request costs
            "--tokenizer", str(args.model_dir),  # token-exact prompts, as the simulator counts
            "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
            "--label", name, "--out", str(out))  # fmt: skip
@@ -121,18 +143,23 @@ def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Pa
     records = read_trace(args.trace_path)
     slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     rates = [float(r) for r in args.rates.split(",")]
-    runs: dict[float, Any] = {}
+    cores = args.host_cores or None
 
-    def run(rate: float) -> Any:
-        timed = at_rate(records, rate)
-        runs[rate] = simulate(plan, timed, cost, slo, host_cores=args.host_cores or None).results
-        return runs[rate]
+    def run(rate: float, seed: int = 0) -> list[RequestResult]:
+        return simulate(
+            plan, at_rate(records, rate), cost, slo, host_cores=cores, seed=seed
+        ).results
 
     search = sweep(run, rates, slo)
+    # A p90 of 40 simulated requests moves with the jitter's draws as much as a real one with
+    # the host's: the errors use the median over seeds (the planner simulates long windows).
+    seeds = {
+        f"{rate:g}": [p90_pair(run(rate, seed)) for seed in range(args.sim_seeds)] for rate in rates
+    }
     report = build_report(
         label=f"sim {plan.describe()}", slo=slo, trace=summarize_trace(records), summary=None,
         search=search, mode="sweep", endpoint="simulator",
-        extra={"plan": plan.model_dump(mode="json")},
+        extra={"plan": plan.model_dump(mode="json"), "p90_by_seed": seeds},
     )  # fmt: skip
     write_report(report, out)
     return report
@@ -160,6 +187,7 @@ def main() -> None:
         help="calibrate on every rate of the sweep, or only its lowest (unloaded) one",
     )
     parser.add_argument("--reuse-real", action="store_true", help="keep existing real reports")
+    parser.add_argument("--sim-seeds", type=int, default=9, help="jitter seeds a point simulates")
     parser.add_argument(
         "--host-cores",
         type=float,
@@ -205,9 +233,18 @@ def main() -> None:
         _, plan, plan_cost = manifest_plan(MANIFESTS[method], cost)
         sim = run_sim(plan, plan_cost, args, args.results / f"sim-{slug}.json")
         real_p, sim_p = p90s(real), p90s(sim)
+        real_results = results_by_rate(real)
         points = []
         for rate, r in sorted(real_p.items()):
-            s = sim_p.get(rate, {})
+            s: dict[str, Any] = dict(sim_p.get(rate, {}))
+            by_seed = sim["p90_by_seed"].get(f"{rate:g}", [])
+            if by_seed:  # the median over seeds; seed 0's report keeps the stage means
+                s["ttft_p90_s"] = median(t for t, _ in by_seed)
+                s["tpot_p90_s"] = median(p for _, p in by_seed)
+                s["ttft_p90_s_by_seed"] = [t for t, _ in by_seed]
+                s["tpot_p90_s_by_seed"] = [p for _, p in by_seed]
+            if rate in real_results:
+                r = {**r, "p90_80pct_interval": bootstrap_p90(real_results[rate])}
             points.append({
                 "rate_rps": rate, "real": r, "sim": s,
                 "ttft_p90_rel_error": rel_error(s.get("ttft_p90_s", 0.0), r["ttft_p90_s"]),
@@ -256,6 +293,7 @@ def main() -> None:
         "cost_model": {"path": str(cost_path), **cost.meta.get("fit", {})},
         "loadavg": os.getloadavg(),  # now; with --reuse-real the real runs are older
         "real_runs_reused": bool(args.reuse_real),
+        "sim_seeds": args.sim_seeds,
         "methods": rows,
         "calibrated_on": calibrated_on,
         "overheads": dataclasses.asdict(cost.overheads),

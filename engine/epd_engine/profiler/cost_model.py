@@ -161,22 +161,26 @@ class Overheads:
 
     A migration is ``handoff_s`` (step 1: the source offers, the target queues it), then, once
     the target's scheduler admits it, ``pull_s + migration.at(kind, tokens)`` (steps 2-3:
-    ``pull_s`` the protocol around the pages, ``migration`` the pages over the link).
+    ``pull_s`` the protocol around the pages -- ``kv_pull_s`` for KV when calibrated apart --
+    ``migration`` the pages over the link).
     ``migration`` alone is the link of the deployment's transfer backend as ``profile-costs``
     measured it (``FittedCostModel.for_backend``), a floor the plan bounds use.
 
-    On one shared host these are CPU work that competes with every process of the deployment:
-    ``request_s``, ``handoff_s`` and ``pull_s`` are stored per unit of CPU share
-    (``cpu_share``: processes per core, at least 1) and the simulator multiplies them by its
-    plan's share. ``step_s`` is stored as measured and not scaled: a decode gap's overhead is
-    the engine loop of the decoding instance and the router's relay of its token, the same
-    processes in every plan, and the plan's other instances are idle for most of a decode
-    (measured on 2 cores, the gap distribution of EPD, share 1, matches that of E+P+D, share
-    2: p90 gap 5.0 vs 4.7 ms; contention while they are busy is ``host_cores`` sharing).
+    On one shared host the migration protocol competes with every process of the deployment:
+    ``handoff_s`` and ``pull_s`` are stored per unit of CPU share (``cpu_share``: processes
+    per core, at least 1) and the simulator multiplies them by its plan's share. ``request_s``
+    and ``step_s`` are stored as measured and not scaled: they are the router, HTTP and the
+    entry instance's preprocessing, and a decode gap's engine loop and token relay -- the same
+    processes in every plan, whose other instances are idle for most of a request. Measured
+    on 2 cores, TTFT outside the stages is 15-18 ms in EPD (share 1), 18-19 in EP+D (1.5) and
+    20-22 in E+P+D (2, an image hop included): scaled by the share, EPD's was half of it.
+    Only a gap's stall -- its draw above the median of ``step_s_quantiles`` -- is per share
+    (its process waiting for a core; ``calibrate.stalls_per_share``); contention while other
+    instances are busy is ``host_cores`` sharing.
     """
 
     request_s: float = 0.0  # arrival -> queued on its first instance
-    step_s: float = 0.0  # added to every iteration (not per share)
+    step_s: float = 0.0  # added to every iteration (not per share; its stalls are)
     handoff_s: float = 0.0  # source's stage done -> queued on the migration target
     pull_s: float = 0.0  # pull protocol latency beyond bytes / bandwidth
     # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).
@@ -185,6 +189,21 @@ class Overheads:
     step_s_quantiles: tuple[float, ...] = ()
     handoff_s_quantiles: tuple[float, ...] = ()
     pull_s_quantiles: tuple[float, ...] = ()
+    # A KV pull's, when calibrated apart (else pull_s): KV moves by the early hand-off, whose
+    # target waits on the source's prefill (``calibrate``).
+    kv_pull_s: float = 0.0
+    kv_pull_s_quantiles: tuple[float, ...] = ()
+    # Iterations that cost more than the runner's timed work and ``step_s`` (not per share):
+    # an encode, and a prefill on an instance that does not decode (it offers the KV early
+    # and marks each written layer for the target's pull, DESIGN.md §4, while its event loop
+    # answers the target's polls). Tiny-llava on 2 cores: 0.8 and 1.5 ms; EPD's prefill,
+    # which exports nothing, is within 0.4 ms of the runner's.
+    encode_s: float = 0.0
+    export_s: float = 0.0
+    # Fraction of tokens after the first that reach the client with no text (the server
+    # holds it back): no gap of their own, their time folds into the next (``tracker``).
+    # Tiny-llava: 14%, so a 12-token reply shows 9 gaps and its p90 gap is the KV hop.
+    silent_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -273,11 +292,12 @@ class FittedCostModel:
 
 
 def _overheads(data: dict[str, Any]) -> Overheads:
-    names = ("request_s", "step_s", "handoff_s", "pull_s")
-    known = {*names, *(f"{n}_quantiles" for n in names)}
+    names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s")
+    fixed = ("encode_s", "export_s", "silent_tokens")  # no quantiles
+    known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:
         raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {name: float(data.get(name, 0.0)) for name in fixed}
     for name in names:
         values[name] = float(data.get(name, 0.0))
         values[f"{name}_quantiles"] = tuple(float(x) for x in data.get(f"{name}_quantiles", ()))

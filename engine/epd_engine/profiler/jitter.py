@@ -1,11 +1,12 @@
 """Calibrated overheads as the simulator applies them: fixed medians, or seeded draws from
-their empirical quantiles (same seed, same run: simulations stay deterministic); the request,
-hand-off and pull overheads times the plan's CPU share on a shared host, the per-iteration
-step overhead as measured (``Overheads``)."""
+their empirical quantiles (same seed, same run: simulations stay deterministic); the hand-off
+and pull overheads times the plan's CPU share on a shared host, the request and per-iteration
+step overheads as measured (``Overheads``)."""
 
 from __future__ import annotations
 
 import random
+from statistics import median
 
 from epd_engine.profiler.cost_model import Overheads
 
@@ -15,6 +16,8 @@ class Jitter:
         self.overheads = overheads
         self.cpu_share = cpu_share
         self._rng = random.Random(seed)
+        quantiles = overheads.step_s_quantiles
+        self._step_pivot = median(quantiles) if quantiles else overheads.step_s
 
     def _draw(self, median: float, options: tuple[float, ...], share: float) -> float:
         value = self._rng.choice(options) if options else median
@@ -22,11 +25,14 @@ class Jitter:
 
     def request_s(self) -> float:
         o = self.overheads
-        return self._draw(o.request_s, o.request_s_quantiles, self.cpu_share)
+        return self._draw(o.request_s, o.request_s_quantiles, 1.0)  # not per share
 
     def step_s(self) -> float:
         o = self.overheads
-        return self._draw(o.step_s, o.step_s_quantiles, 1.0)  # not per share
+        value = self._draw(o.step_s, o.step_s_quantiles, 1.0)
+        if value > self._step_pivot:  # a stall: per share (``calibrate.stalls_per_share``)
+            value = self._step_pivot + (value - self._step_pivot) * self.cpu_share
+        return value
 
     def handoff_s(self) -> float:
         o = self.overheads
@@ -35,3 +41,9 @@ class Jitter:
     def pull_s(self) -> float:
         o = self.overheads
         return self._draw(o.pull_s, o.pull_s_quantiles, self.cpu_share)
+
+    def kv_pull_s(self) -> float:
+        o = self.overheads
+        if not (o.kv_pull_s or o.kv_pull_s_quantiles):  # calibrated before KV had its own
+            return self.pull_s()
+        return self._draw(o.kv_pull_s, o.kv_pull_s_quantiles, self.cpu_share)

@@ -7,6 +7,10 @@ stage became next on an instance (a migrated request: when the target queued the
 it includes the pull) to its first scheduled work, ``{stage}`` from there until the request
 moved past it; ``migration_{kind}`` is the pull.
 
+A token the client sees no text for (``silent``: the fraction of tokens after the first whose
+text the server holds back) is no gap of its own: its time folds into the next token's gap,
+as the client measures it (one chunk a gap), and the last token flushes what is held.
+
 A request *certainly* misses when its TTFT deadline passed without a first token, when more
 of its gaps were late than the p90 rule allows (HydraInfer: 90% of gaps <= TPOT SLO), or
 when it failed. ``failed`` turns True once so many missed that attainment cannot pass.
@@ -15,6 +19,7 @@ when it failed. ``failed`` turns True once so many missed that attainment cannot
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
 from epd_engine.bench.metrics import RequestResult
@@ -33,8 +38,13 @@ def allowed_late_gaps(num_gaps: int) -> int:
 
 
 class RequestTracker:
-    def __init__(self, records: Sequence[TraceRecord], slo: SLO | None) -> None:
+    def __init__(
+        self, records: Sequence[TraceRecord], slo: SLO | None, silent: float = 0.0, seed: int = 0
+    ) -> None:
         num = len(records)
+        self.silent = silent
+        self._draw = random.Random(seed).random  # seeded: same run, same gaps
+        self.num_silent: list[int] = [0] * num
         self.records = records
         self.slo = slo  # None: never stop early
         self.first_s: list[float | None] = [None] * num
@@ -101,6 +111,9 @@ class RequestTracker:
             if first_s[index] is None:
                 first_s[index] = now
             else:
+                if self.silent and self._draw() < self.silent:
+                    self.num_silent[index] += 1
+                    continue  # no chunk: the gap runs on to the next token
                 gap = now - last_s[index]
                 gaps[index].append(gap)
                 if tpot_s is not None and gap > tpot_s:
@@ -114,6 +127,13 @@ class RequestTracker:
             self._miss(index)
 
     def finish(self, index: int, now: float) -> None:
+        if self.last_s[index] < now and self.first_s[index] is not None:  # flush held text
+            self.num_silent[index] -= 1
+            gap = now - self.last_s[index]
+            self.gaps[index].append(gap)
+            self.last_s[index] = now
+            if self.slo is not None and gap > self.slo.tpot_s:
+                self._late_gap(index)
         self.finish_s[index] = now
         self._requests.pop(index, None)
         first = self.first_s[index]
@@ -160,7 +180,9 @@ class RequestTracker:
                     ttft_s=None if first is None else first - arrival,
                     itl_s=tuple(self.gaps[index]),
                     e2e_s=None if end is None else end - arrival,
-                    num_output_tokens=len(self.gaps[index]) + (first is not None),
+                    num_output_tokens=len(self.gaps[index])
+                    + (first is not None)
+                    + self.num_silent[index],
                     error=error,
                     stage_s=self.stage_s[index] or None,
                     path=tuple(self.paths[index]),

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
-from epd_engine.profiler.calibrate import calibrate, quantiles
-from epd_engine.profiler.cost_model import Overheads
+from epd_engine.profiler.calibrate import calibrate, quantiles, stalls_per_share
+from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
 
@@ -35,7 +37,7 @@ def test_calibration_recovers_request_and_step_overheads() -> None:
     calibrated = calibrate(cost, results, source="unit")
     assert calibrated.overheads.request_s == pytest.approx(0.1)  # 0.15 - 0.01 - 0.04
     assert calibrated.overheads.step_s == pytest.approx(0.01, abs=1e-4)
-    assert calibrated.meta["calibration"]["num_requests"] == 10
+    assert calibrated.meta["calibration"]["num_requests"] == 9  # the first sent is cold
     assert all(q == pytest.approx(0.01, abs=1e-4) for q in calibrated.overheads.step_s_quantiles)
 
 
@@ -51,6 +53,17 @@ def test_calibrated_overheads_show_up_in_simulated_latency() -> None:
     assert slowed.ttft_s is not None and plain.ttft_s is not None
     assert slowed.ttft_s == pytest.approx(plain.ttft_s + 0.1 + 0.01, abs=1e-3)
     assert slowed.itl_s[0] == pytest.approx(plain.itl_s[0] + 0.01, abs=1e-3)
+
+
+def test_the_first_request_sent_does_not_calibrate() -> None:
+    """It pays one-off costs (first kernels, first connections) that no other request does."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    cold = _result(0, 5.0, (step + 0.01,) * 4)
+    warm = [_result(i, 0.15, (step + 0.01,) * 4) for i in range(1, 4)]
+    o = calibrate(cost, [cold, *warm]).overheads
+    assert o.request_s == pytest.approx(0.1)
+    assert max(o.request_s_quantiles) == pytest.approx(0.1)
 
 
 def test_calibration_needs_stage_timings() -> None:
@@ -115,17 +128,29 @@ def test_calibration_separates_hand_off_pull_and_request_overheads() -> None:
     assert max(o.step_s_quantiles) == pytest.approx(step, abs=1e-6)
 
 
+def test_a_kv_pull_is_read_off_the_decode_queue_not_the_last_copy() -> None:
+    """The router's migration_kv times the last copy of an early hand-off; the target's wait
+    for the source's prefill is in its decode queue (the decode instance idle at low rate)."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    o = calibrate(cost, [_disaggregated(i) for i in range(10)]).overheads
+    link = cost.migration_s("kv", 20)
+    assert o.kv_pull_s == pytest.approx(0.03 + 0.004 - link, abs=1e-6)  # pull + D's wait
+    assert o.pull_s == pytest.approx(0.03 - cost.migration_s("image", 0), abs=1e-6)
+
+
 def test_overheads_are_stored_per_unit_of_cpu_share() -> None:
     cost = toy_cost_model(decode_step_s=0.005)
     results = [_disaggregated(i) for i in range(10)]
     plain = calibrate(cost, results).overheads
     shared = calibrate(cost, results, cpu_share=2.0).overheads
-    assert shared.request_s == pytest.approx(plain.request_s / 2)
+    # the router, HTTP and preprocessing are the same processes in every plan: as measured
+    assert shared.request_s == pytest.approx(plain.request_s)
+    assert shared.request_s_quantiles == plain.request_s_quantiles
     assert shared.pull_s == pytest.approx(plain.pull_s / 2)
     assert shared.handoff_s_quantiles == tuple(
         pytest.approx(q / 2, abs=1e-6) for q in plain.handoff_s_quantiles
     )
-    # the engine loop's per-iteration overhead is the same processes in every plan: as measured
+    # so is the engine loop's per-iteration overhead
     assert shared.step_s == pytest.approx(plain.step_s)
     assert shared.step_s_quantiles == plain.step_s_quantiles
     with pytest.raises(ValueError, match="cpu_share"):
@@ -158,12 +183,63 @@ def test_calibrated_migration_overheads_show_up_in_simulated_latency() -> None:
     assert slowed.itl_s[0] > plain.itl_s[0] + o.handoff_s + o.pull_s - 1e-3
 
 
-def test_jitter_scales_all_but_the_step_overhead_by_the_plans_share() -> None:
+def test_jitter_scales_the_migration_overheads_by_the_plans_share() -> None:
     o = Overheads(request_s=0.01, step_s=0.002, handoff_s=0.003, pull_s=0.004)
     shared, alone = Jitter(o, cpu_share=2.0), Jitter(o, cpu_share=1.0)
-    assert shared.request_s() == pytest.approx(2 * alone.request_s())
+    assert shared.request_s() == pytest.approx(alone.request_s())
     assert shared.handoff_s() == pytest.approx(2 * alone.handoff_s())
     assert shared.pull_s() == pytest.approx(2 * alone.pull_s())
     assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
-    drawn = Overheads(step_s_quantiles=(0.001, 0.005))
-    assert {Jitter(drawn, seed, cpu_share=2.0).step_s() for seed in range(20)} == {0.001, 0.005}
+    drawn = Overheads(step_s_quantiles=(0.001, 0.001, 0.005))
+    assert {Jitter(drawn, seed, cpu_share=1.0).step_s() for seed in range(20)} == {0.001, 0.005}
+    # a stall (the excess over the median) is per share: its process waits for a core
+    draws = {round(Jitter(drawn, seed, cpu_share=2.0).step_s(), 9) for seed in range(20)}
+    assert draws == {0.001, 0.009}
+
+
+def test_stalls_are_stored_per_unit_of_cpu_share() -> None:
+    assert stalls_per_share((0.0, 0.001, 0.001, 0.005), 2.0) == (0.0, 0.001, 0.001, 0.003)
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    gaps = (step,) * 8 + (step + 0.004,) * 2  # two 4 ms stalls in ten gaps
+    results = [_result(i, 0.15, gaps) for i in range(10)]
+    plain = calibrate(cost, results).overheads.step_s_quantiles
+    shared = calibrate(cost, results, cpu_share=2.0).overheads.step_s_quantiles
+    assert max(plain) == pytest.approx(0.004, abs=1e-6)
+    assert max(shared) == pytest.approx(0.002, abs=1e-6)
+    assert min(shared) == min(plain) == 0.0
+
+
+def test_calibration_counts_tokens_the_client_got_no_chunk_for() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    r = _result(1, 0.15, (0.01, 0.01))
+    silent = dataclasses.replace(r, num_output_tokens=5, output_tokens=5)  # 4 later, 2 chunks
+    assert calibrate(cost, [r, r, silent]).overheads.silent_tokens == pytest.approx(0.5 * 4 / 6)
+
+
+def test_calibration_reads_encode_and_kv_export_overheads_off_their_stages() -> None:
+    cost = toy_cost_model(encode_per_image_s=0.002, decode_step_s=0.005, tokens_per_image=100)
+    plain = calibrate(cost, [_disaggregated(i) for i in range(10)]).overheads
+    slower = []
+    for i in range(10):
+        r = _disaggregated(i)
+        stages = dict(r.stage_s or {})
+        stages["encode"] += 0.003
+        stages["prefill"] += 0.002
+        slower.append(dataclasses.replace(r, stage_s=stages))
+    o = calibrate(cost, slower).overheads
+    assert o.encode_s == pytest.approx(plain.encode_s + 0.003, abs=1e-9)
+    assert o.export_s == pytest.approx(plain.export_s + 0.002, abs=1e-9)
+    # the runner's own step (2 ms) and the engine loop's step_s are not counted again
+    assert cost.runner_step_s(BatchShape(num_images=1, image_tokens=100)) == pytest.approx(0.002)
+    assert plain.encode_s == pytest.approx(0.005 - 0.002 - o.step_s)
+
+
+def test_step_quantiles_resolve_a_one_percent_stall_tail() -> None:
+    """p90 TPOT is made of the rare stalls: 2 gaps in 200 must be drawable."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    step = cost.decode_s(1, 22)
+    results = [_result(i, 0.15, (step,) * 20) for i in range(11)]  # the first is skipped
+    results[-1] = _result(10, 0.15, (step,) * 18 + (step + 0.01,) * 2)
+    quantiles_ = calibrate(cost, results).overheads.step_s_quantiles
+    assert max(quantiles_) == pytest.approx(0.01, abs=1e-6)
