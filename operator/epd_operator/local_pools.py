@@ -20,6 +20,7 @@ import httpx
 
 from epd_engine.config import Role
 from epd_engine.gpu_placement import GpuSlots
+from epd_operator import start_priority
 from epd_operator.loop import ObservedPool
 from epd_operator.resources import PoolSpec
 
@@ -59,6 +60,7 @@ class _Replica:
     spawned: float = 0.0  # wall clock (epoch s) when the process was started
     ready: float | None = None  # first pass that saw it alive and registered
     startup: dict[str, float] = field(default_factory=dict)  # the engine's own phases
+    lowered: bool = False  # started at a lower CPU priority (start_priority), until Ready
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class LocalPools:
                     ready += 1
                     if rep.ready is None:
                         rep.ready = time.time()
+                        if rep.lowered:
+                            start_priority.restore(rep.popen.pid)
                         rep.startup, searched = self._startup_report(rep.url)
                         if searched:
                             self.searched_budgets.setdefault(rep.budget_key, searched)
@@ -226,9 +230,11 @@ class LocalPools:
                 env=env,
                 start_new_session=True,
             )
-        return _Replica(
+        replica = _Replica(
             instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
         )
+        replica.lowered = start_priority.lower(popen.pid)
+        return replica
 
     def _release(self, instance_ids: list[str]) -> None:
         if self.engines.gpu_slots is not None:
