@@ -70,8 +70,11 @@ class Server:
         command += ["--max-num-running", str(max_batch), "--num-kv-blocks", str(max_batch * 24)]
         if threads != 1:
             raise ValueError("the instance runs with its default of one torch thread")
-        log = open(args.server_log, "ab") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(command, env=env, stderr=log)
+        if args.server_log:
+            with open(args.server_log, "ab") as log:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(command, env=env, stderr=log)
+        else:
+            self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def ready(self, client: Any) -> None:

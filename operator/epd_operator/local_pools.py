@@ -111,12 +111,7 @@ class LocalPools:
                 if rep.popen.poll() is None and rep.instance_id in registered:
                     ready += 1
                     if rep.ready is None:
-                        rep.ready = time.time()
-                        if rep.lowered:
-                            start_priority.restore(rep.popen.pid)
-                        rep.startup, searched = self._startup_report(rep.url)
-                        if searched:
-                            self.searched_budgets.setdefault(rep.budget_key, searched)
+                        self._first_seen_ready(rep)
             n = len(pool.replicas)
             out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
         return out
@@ -172,6 +167,16 @@ class LocalPools:
             for name, pool in self.pools.items()
             for r in pool.replicas
         ]
+
+    def _first_seen_ready(self, rep: _Replica) -> None:
+        """Once per replica: back to the normal CPU priority, its start-up report kept, and
+        the budgets it searched remembered for the next replica of its role."""
+        rep.ready = time.time()
+        if rep.lowered:
+            start_priority.restore(rep.popen.pid)
+        rep.startup, searched = self._startup_report(rep.url)
+        if searched:
+            self.searched_budgets.setdefault(rep.budget_key, searched)
 
     def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
         """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
