@@ -23,6 +23,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 PAD_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -76,6 +77,7 @@ class DecodeBuffers:
         if device.type != "cpu":
             self.host32 = torch.zeros(sum(self._cut32), dtype=torch.int32, pin_memory=pin)
             self.host64 = torch.zeros(sum(self._cut64), dtype=torch.long, pin_memory=pin)
+        self._host32, self._host64 = self.host32.numpy(), self.host64.numpy()  # same memory
         (self.qo_indptr, self.kv_indptr, self.kv_last_page_len, self.context_lens,
          self.kv_indices) = self.packed32.split(self._cut32)  # fmt: skip
         (self.input_ids, self.positions, self.slot_mapping, self.write_src, write_rows,
@@ -105,51 +107,66 @@ class DecodeBuffers:
     ) -> DecodeFill:
         """Write ``n`` decodes padded to ``padded(n)`` rows: one host-to-device copy per
         block. (On a GPU the staging copy is reused next step; the step's sampling
-        synchronises before that.)"""
+        synchronises before that.) The host side is numpy over the staging memory, with no
+        Python per page: on a GPU this runs while the device waits, every step."""
         n = len(token_ids)
         rows = self.padded(n)
         bs = self.block_size
-        pages = [-(-ctx // bs) for ctx in context_lens]
-        width = max(pages)
+        ctx = np.ones(rows, dtype=np.int64)  # a padded row: one token on page 0
+        ctx[:n] = context_lens
+        pages = (ctx + bs - 1) // bs
+        width = int(pages.max())
         if width > self.max_pages:
             raise ValueError(f"a decode needs {width} pages, buffers hold {self.max_pages}")
-        pad = rows - n
-        ctx = context_lens + [1] * pad
-        pages += [1] * pad
-        tables = [t[:p] for t, p in zip(block_tables, pages, strict=False)] + [[0]] * pad
-        qo = list(range(rows + 1))
-        kv = [0]
-        for p in pages:
-            kv.append(kv[-1] + p)
-        last = [c - (p - 1) * bs for c, p in zip(ctx, pages, strict=True)]
-        indices = [page for table in tables for page in table]
-        h32 = self.host32
-        c32 = self._cut32
-        offsets32 = [0, *itertools.accumulate(c32[:4])]
-        for start, values in zip(offsets32, (qo, kv, last, ctx, indices), strict=True):
-            h32[start : start + len(values)] = torch.tensor(values, dtype=torch.int32)
-        positions = [c - 1 for c in ctx]
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
-        slots[n:] = [slots[0]] * pad  # a padded row writes where the first real one does
-        src = list(range(n)) + [0] * pad
-        k_rows = [(s // bs) * 2 * bs + s % bs for s in slots]
-        v_rows = [r + bs for r in k_rows]
-        page_grid = [t + [0] * (width - len(t)) for t in tables]
-        flat_grid = [page for row in page_grid for page in row]
-        ids = token_ids + [0] * pad
-        h64 = self.host64
-        c = self._cut64
-        cap = self.capacity
-        starts64 = (0, *itertools.accumulate(c[:3]))
-        for start, values in zip(starts64, (ids, positions, slots, src), strict=True):
-            h64[start : start + rows] = torch.tensor(values, dtype=torch.long)
-        rows_at = sum(c[:4])
-        h64[rows_at : rows_at + rows] = torch.tensor(k_rows, dtype=torch.long)
-        h64[rows_at + cap : rows_at + cap + rows] = torch.tensor(v_rows, dtype=torch.long)
-        grid_at = rows_at + 2 * cap
-        h64[grid_at : grid_at + len(flat_grid)] = torch.tensor(flat_grid, dtype=torch.long)
-        if h32 is not self.packed32:
-            used32, used64 = offsets32[-1] + len(indices), grid_at + len(flat_grid)
-            self.packed32[:used32].copy_(h32[:used32], non_blocking=True)
-            self.packed64[:used64].copy_(h64[:used64], non_blocking=True)
-        return DecodeFill(n, rows, width, len(indices), ctx)
+        kv = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(pages, out=kv[1:])
+        indices = _first_pages(block_tables, pages[:n], int(kv[n]), rows - n)
+        last = ctx - (pages - 1) * bs
+        positions = ctx - 1
+        slots = indices[kv[1:] - 1] * bs + positions % bs  # each row's last page holds it
+        slots[n:] = slots[0]  # a padded row writes where the first real one does
+        src = np.zeros(rows, dtype=np.int64)
+        src[:n] = np.arange(n)
+        k_rows = (slots // bs) * (2 * bs) + slots % bs
+        grid = np.zeros((rows, width), dtype=np.int64)  # each row's pages, zero-padded
+        row_of = np.repeat(np.arange(rows), pages)  # of each entry of indices
+        column_of = np.arange(len(indices)) - np.repeat(kv[:-1], pages)
+        grid[row_of, column_of] = indices
+        h32, h64 = self._host32, self._host64
+        c32, c64, cap = self._cut32, self._cut64, self.capacity
+        at32 = [0, *itertools.accumulate(c32[:4])]
+        for start, values in zip(at32, (np.arange(rows + 1), kv, last, ctx, indices), strict=True):
+            h32[start : start + len(values)] = values
+        at64 = [0, *itertools.accumulate(c64[:5])]
+        h64[at64[0] : at64[0] + n] = token_ids
+        h64[at64[0] + n : at64[0] + rows] = 0
+        for start, values in zip(at64[1:4], (positions, slots, src), strict=True):
+            h64[start : start + rows] = values
+        h64[at64[4] : at64[4] + rows] = k_rows
+        h64[at64[4] + cap : at64[4] + cap + rows] = k_rows + bs
+        h64[at64[5] : at64[5] + grid.size] = grid.ravel()
+        if self.host32 is not self.packed32:
+            used32, used64 = at32[-1] + len(indices), at64[5] + grid.size
+            self.packed32[:used32].copy_(self.host32[:used32], non_blocking=True)
+            self.packed64[:used64].copy_(self.host64[:used64], non_blocking=True)
+        return DecodeFill(n, rows, width, len(indices), ctx.tolist())
+
+
+def _first_pages(
+    block_tables: list[list[int]], pages: np.ndarray, total: int, pad: int
+) -> np.ndarray:
+    """The first ``pages[i]`` entries of each table, concatenated, then page 0 per padded
+    row: ``kv_indices``. One pass over the tables in C (no per-page Python)."""
+    lengths = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=len(block_tables))
+    if np.any(lengths < pages):
+        raise ValueError("a block table has fewer pages than its context needs")
+    flat = np.fromiter(
+        itertools.chain.from_iterable(block_tables), dtype=np.int64, count=int(lengths.sum())
+    )
+    if np.array_equal(lengths, pages):  # the usual case: tables hold exactly the pages
+        chosen = flat
+    else:
+        starts = np.cumsum(lengths) - lengths
+        offsets = np.arange(total) - np.repeat(np.cumsum(pages) - pages, pages)
+        chosen = flat[np.repeat(starts, pages) + offsets]
+    return np.concatenate([chosen, np.zeros(pad, dtype=np.int64)])

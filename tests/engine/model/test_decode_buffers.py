@@ -163,3 +163,10 @@ def test_a_decode_longer_than_the_buffers_is_refused():
         buffers.fill([1], [3 * BLOCK_SIZE], [[0, 1, 2]])
     with pytest.raises(ValueError, match="do not fit"):
         buffers.fill([1] * 5, [2] * 5, [[0]] * 5)
+
+
+def test_a_block_table_shorter_than_its_context_is_refused():
+    """A clear error (the old fill raised an IndexError from inside its slot arithmetic)."""
+    buffers = DecodeBuffers(4, 4, BLOCK_SIZE, torch.device("cpu"))
+    with pytest.raises(ValueError, match="fewer pages"):
+        buffers.fill([1, 2], [2 * BLOCK_SIZE + 1, 2], [[0, 1], [5]])
