@@ -9,14 +9,18 @@ own defaults: FlashInfer and decode CUDA graphs where the model's head size allo
 and ``generate``'s time ends with a device synchronisation.
 With ``--before-ref`` a second instance runs an earlier commit's code (exported with ``git
 archive``, first on ``PYTHONPATH``) and the rounds alternate between the trees, so the
-after/before ratios see the same host load. Each round measures every side once per batch;
-the JSON keeps every round and per batch the median, min and max of each ratio. Greedy text
-is checked against ``generate``'s tokens decoded with the same tokenizer.
+after/before ratios see the same host load; ``--after-args`` / ``--before-args`` add serve
+flags to either side (with ``--before-args`` alone both sides run this tree: a flag's A/B).
+Each round measures every side once per batch; the JSON keeps every round and per batch the
+median, min and max of each ratio. Greedy text is checked against ``generate``'s tokens
+decoded with the same tokenizer.
 
     python benchmarks/bench_served.py --model models/tiny-llava --before-ref main \\
         --out benchmarks/results/served-cpu.json
     python benchmarks/bench_served.py --model /tmp/llava-1.5-7b --device cuda \\
         --dtype float16 --out served-gpu.json
+    python benchmarks/bench_served.py --model /tmp/llava-1.5-7b --device cuda \\
+        --after-args=--async-scheduling --before-args= --out served-gpu-async.json
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ class Server:
     """``epdctl serve`` of one tree in a child process (the newest tree when ``path`` is
     None), sized so that the largest batch decodes in one step."""
 
-    def __init__(self, args: argparse.Namespace, max_batch: int, path: Path | None) -> None:
+    def __init__(
+        self, args: argparse.Namespace, max_batch: int, path: Path | None, extra: str = ""
+    ) -> None:
         model, threads = args.model, args.threads
         self.port = free_port()
         env = dict(os.environ)
@@ -68,6 +74,7 @@ class Server:
         command += ["--dtype", args.dtype]
         command += ["--token-budget", str(max(8192, max_batch * 256)), "--image-budget", "1"]
         command += ["--max-num-running", str(max_batch), "--num-kv-blocks", str(max_batch * 24)]
+        command += shlex.split(extra)
         if threads != 1:
             raise ValueError("the instance runs with its default of one torch thread")
         if args.server_log:
@@ -160,9 +167,9 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
     batches = args.batches
     prompts = {b: [[rng.randint(3, high) for _ in range(args.context)] for _ in range(b)]
                for b in batches}  # fmt: skip
-    servers = {"after": Server(args, max(batches), None)}
-    if before is not None:
-        servers["before"] = Server(args, max(batches), before)
+    servers = {"after": Server(args, max(batches), None, args.after_args)}
+    if before is not None or args.before_args is not None:
+        servers["before"] = Server(args, max(batches), before, args.before_args or "")
     rounds: list[dict[str, Any]] = []
     # Requests whose greedy text equals generate's, per side and batch: on a GPU in 16-bit
     # the two kernels' rounding differs, so a near-tie of random weights can flip a token.
@@ -204,7 +211,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
                         counts = text_match[side].setdefault(batch, [0, 0])
                         counts[0] += same
                         counts[1] += len(texts)
-                    if before is not None:
+                    if "before" in servers:
                         row["after_over_before"] = (
                             row["after_tokens_per_s"] / row["before_tokens_per_s"]
                         )
@@ -254,6 +261,14 @@ def main() -> int:
         type=Path,
         help="instead of --before-ref, a tree already exported (holding engine/), for a "
         "machine without the repository's history",
+    )
+    parser.add_argument(
+        "--after-args", default="", help="more `epdctl serve` flags for the newest tree's instance"
+    )
+    parser.add_argument(
+        "--before-args",
+        help="more flags for the before instance; without --before-ref/--before-path it runs "
+        "the newest tree too: --after-args=--async-scheduling --before-args= A/Bs one flag",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

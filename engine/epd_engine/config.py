@@ -133,6 +133,9 @@ class EngineConfig:
     # capture the decode forward in CUDA graphs per padded batch size; used only on CUDA
     # with a graph-safe attention backend (FlashInfer), ignored elsewhere (model/decode_graphs.py)
     cuda_graphs: bool = True
+    # launch the next step before reading this one's tokens back (engine_inflight.py); off by
+    # default: it pays only where a device runs the step while the host prepares the next
+    async_scheduling: bool = False
     cpu_threads: int = (
         1  # per instance; several instances share the cores, oversubscribing is 20x slower
     )

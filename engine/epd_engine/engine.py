@@ -18,6 +18,7 @@ from epd_engine import startup
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
+from epd_engine.engine_inflight import InflightStep, resolve
 from epd_engine.kv_sizing import CPU_KV_BLOCKS, cuda_memory, kv_block_bytes, kv_blocks_for_memory
 from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.llava import LayerWritten
@@ -25,7 +26,7 @@ from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.registry import RopeRule, family_of
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import Request, RequestStatus
+from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
 from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
@@ -138,6 +139,7 @@ class LLMEngine:
         self._stage_started: dict[tuple[str, Stage], tuple[float, float]] = {}  # (start, queue)
         self._stage_reported: set[tuple[str, Stage]] = set()  # timed already: never again
         self._offered: set[str] = set()
+        self._inflight: InflightStep | None = None  # async scheduling: launched, unread
         self.watch_prefill: PrefillWatcher | None = None
         self.on_forget: Callable[[str], None] | None = None  # a request left this engine
         log.info(
@@ -277,27 +279,29 @@ class LLMEngine:
         return self.scheduler.pull_failed(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     def step(self) -> tuple[list[RequestEvent], StepStats]:
+        """Run one iteration. With ``async_scheduling`` it may be left in flight: the events
+        returned are then those of the step before it (``engine_inflight.py``)."""
         start = time.monotonic()
         out = self.scheduler.schedule()
         stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
         stats.pulls = out.pulls
         stats.evicted_ids = out.evicted_ids
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
+        stats.idle &= self._inflight is None
         self._note_stage_starts(out, stats, start)
-        sampled, stats.failed = self._execute_isolated(out)
-        if stats.failed:  # those requests end here; the rest of the batch goes on
-            out = without_requests(out, stats.failed.keys())
-            for request_id in stats.failed:
-                self.abort(request_id)
-        events = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()})
-        events = [_with_logprobs(event, sampled.get(event.request_id)) for event in events]
+        try:
+            if self._may_stay_in_flight(out):
+                events, done = self._step_ahead(out, stats)
+            else:
+                events, done = self._step_now(out, stats)
+        except BaseException:
+            self._inflight = None  # the caller fails what was in it
+            raise
         now = time.monotonic()
-        for request_id in {t.request_id for t in out.token_tasks} | {
-            t.request_id for t in out.encodes
-        }:
+        for request_id in done:
             request = self.scheduler.requests.get(request_id) or self.scheduler.migrating.get(
                 request_id
             )
@@ -309,6 +313,73 @@ class LLMEngine:
             self._mark_ready(request)
         stats.duration_s = time.monotonic() - start
         return events, stats
+
+    def _step_now(
+        self, out: SchedulerOutput, stats: StepStats
+    ) -> tuple[list[RequestEvent], set[str]]:
+        """Run ``out`` and wait for its tokens (after the step in flight, if any)."""
+        events, done = self._resolve_inflight()
+        if done:  # its tokens are this step's inputs; requests it ended run no more
+            ended = {e.request_id for e in events if e.finish_reason is not None}
+            out = without_requests(out, ended)
+            self._settle_pending(out)
+        sampled, stats.failed = self._execute_isolated(out)
+        if stats.failed:  # those requests end here; the rest of the batch goes on
+            out = without_requests(out, stats.failed.keys())
+            for request_id in stats.failed:
+                self.abort(request_id)
+        now_events = self.scheduler.update(out, {rid: s.token_id for rid, s in sampled.items()})
+        events += [_with_logprobs(event, sampled.get(event.request_id)) for event in now_events]
+        return events, done | set(requests_in(out))
+
+    def _step_ahead(
+        self, out: SchedulerOutput, stats: StepStats
+    ) -> tuple[list[RequestEvent], set[str]]:
+        """Launch ``out``, update the scheduler provisionally, then resolve the step before."""
+        try:
+            launched = self.runner.launch(out, [], self._sampling, None, self._rope)
+        except Exception:
+            log.exception("launching a step ahead failed; running it synchronously")
+            return self._step_now(out, stats)
+        sampled_ids = launched.request_ids
+        requests = {rid: self.scheduler.requests[rid] for rid in sampled_ids}
+        provisional = self.scheduler.update(out, dict.fromkeys(sampled_ids, PENDING_TOKEN))
+        step = InflightStep(
+            out,
+            launched,
+            requests,
+            {event.request_id: event for event in provisional},
+            {rid: len(r.output_token_ids) - 1 for rid, r in requests.items()},
+        )
+        events, done = self._resolve_inflight()
+        self._inflight = step
+        return events, done
+
+    def _may_stay_in_flight(self, out: SchedulerOutput) -> bool:
+        """A step can be left in flight when its tokens stay on this instance (a role that
+        decodes), it encodes nothing (the image cache is read next step) and no request
+        wants logprobs (read back at once)."""
+        if not self.config.async_scheduling or not self.config.role.decodes:
+            return False
+        if out.encodes or not out.token_tasks:
+            return False
+        sampling = self._sampling
+        return not any(sampling[t.request_id].params.logprobs for t in out.token_tasks if t.sample)
+
+    def _resolve_inflight(self) -> tuple[list[RequestEvent], set[str]]:
+        """The step in flight's events (waits for its tokens), and its requests."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return [], set()
+        return resolve(step, self.scheduler), step.request_ids
+
+    def _settle_pending(self, out: SchedulerOutput) -> None:
+        """Tasks scheduled while their last token was in flight get it on the host."""
+        for task in out.token_tasks:
+            if task.token_ids[-1] == PENDING_TOKEN:
+                request = self.scheduler.requests[task.request_id]
+                position = task.start_position + task.num_tokens - 1
+                task.token_ids[-1] = request.token_id_at(position)
 
     def _execute(self, out: SchedulerOutput) -> dict[str, SampledToken]:
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]

@@ -15,6 +15,10 @@ from typing import Any
 from epd_engine.config import Stage
 from epd_engine.sampling import SamplingParams
 
+# A token drawn by a step still in flight (async scheduling, ``engine_inflight.py``): the
+# request's last output token until the host has read it back. Never a vocabulary id.
+PENDING_TOKEN = -1
+
 
 class RequestStatus(enum.IntEnum):
     """Ordered: a request only moves forward, except preemption back to WAITING."""

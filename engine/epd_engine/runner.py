@@ -21,6 +21,8 @@ from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
+from epd_engine.request import PENDING_TOKEN
+from epd_engine.sampled_batch import SampledBatch
 from epd_engine.sampler import Sampler
 from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
@@ -80,6 +82,10 @@ class ModelRunner:
                 dtype,
             )
         self.sampler = Sampler(self.device)
+        # the last launched step's draws by request: where a pending token is read from
+        self._drawn: tuple[torch.Tensor, dict[str, int]] | None = None
+        # CUDA: the last step's inputs have left the host's staging memory (reused next step)
+        self._inputs_sent: torch.cuda.Event | None = None
         self.encode_stream = EncodeStream(
             self.device, dual_stream and vision is not None and language is not None
         )
@@ -151,6 +157,7 @@ class ModelRunner:
         one, such as a timing probe, is positioned as text).
         """
         assert self.language is not None
+        self._await_inputs_sent()
         if self._buffered(tasks):
             return self._forward_decodes(tasks, layer_written)
         batch = AttentionBatch(
@@ -162,6 +169,7 @@ class ModelRunner:
         meta = self.language.prepare(batch)  # once per step; every layer only reads it
         token_ids = [token for task in tasks for token in task.token_ids]
         ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        self._take_pending(ids, tasks)
         embeds = self.language.embed(ids)  # [T, H]
         start = 0
         for task in tasks:
@@ -175,6 +183,7 @@ class ModelRunner:
         positions = meta.positions
         if self.language.config.uses_mrope:
             positions = _mrope_positions(tasks, rope_of or {}).to(self.device, non_blocking=True)
+        self._mark_inputs_sent()
         hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written)
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
@@ -205,28 +214,24 @@ class ModelRunner:
             [t.start_position + 1 for t in tasks],
             [t.block_table for t in tasks],
         )
+        self._take_pending(buffers.input_ids[: fill.num_seqs], tasks)
         graphs = self.graphs
         bucket = None
         if graphs is not None:
             bucket = graph_or_eager(len(tasks), graphs.buckets, True, layer_written is not None)
         if graphs is not None and bucket is not None:
             assert bucket == fill.rows, (bucket, fill.rows)  # buckets are the buffers' sizes
+            graphs.plan(fill)
+            self._mark_inputs_sent()
             hidden = graphs.replay(fill)  # [rows, H], overwritten by the next replay
         else:
             meta = self.language.prepare_decode(buffers, fill)  # once per step, buffer views
+            self._mark_inputs_sent()
             embeds = self.language.embed(buffers.input_ids[: fill.rows])  # [rows, H]
             hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
         if all(t.sample for t in tasks):
             return hidden[: fill.num_seqs]
         return hidden[[i for i, t in enumerate(tasks) if t.sample]]
-
-    @torch.inference_mode()
-    def sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
-        """One batched pass over the logits of ``hidden`` ``[S, H]``, one row each."""
-        if not rows:
-            return []
-        assert self.language is not None
-        return self.sampler(self.language.compute_logits(hidden), rows)  # [S, V] float32
 
     @property
     def regions(self) -> CacheRegions:
@@ -241,27 +246,94 @@ class ModelRunner:
         layer_written: LayerWritten | None = None,
         rope_of: Mapping[str, MRopeState] | None = None,
     ) -> dict[str, SampledToken]:
-        """Run one iteration: the token tasks, then the encodes (whose pages are read from the
-        next iteration on). On CUDA the language model's kernels are queued first, so the
+        """Run one iteration and wait for its tokens (``launch(...).result()``)."""
+        return self.launch(out, pixels, spec_of, layer_written, rope_of).result()
+
+    def launch(
+        self,
+        out: SchedulerOutput,
+        pixels: list[torch.Tensor],
+        spec_of: Mapping[str, SamplingSpec],
+        layer_written: LayerWritten | None = None,
+        rope_of: Mapping[str, MRopeState] | None = None,
+    ) -> LaunchedStep:
+        """Queue one iteration: the token tasks, then the encodes (whose pages are read from
+        the next iteration on). On CUDA the language model's kernels are queued first, so the
         encodes queued next on their own stream run beside them rather than before them
-        (a decode step's GPU time hides the host's encode launches). Returns once both are
-        done."""
+        (a decode step's GPU time hides the host's encode launches). Returns once the encodes
+        are done; the tokens may still be on their way (``LaunchedStep.result``). A task whose
+        last token is ``PENDING_TOKEN`` reads it from the previous launch's draws."""
         try:
             self.encode_stream.step_starts()
             tasks = out.token_tasks
             hidden = self.forward(tasks, layer_written, rope_of) if tasks else None
             self.encode(out.encodes, pixels)
-            if hidden is None:
-                return {}
-            sampling = [t for t in tasks if t.sample]
+            sampling = [t for t in tasks if t.sample] if hidden is not None else []
+            if hidden is None or not sampling:
+                return LaunchedStep([], SampledBatch.ready([]))
+            assert self.language is not None
             rows = [
                 SamplingRow(spec_of[t.request_id], t.start_position + t.num_tokens)
                 for t in sampling
             ]
-            tokens = self.sample(hidden, rows)
-            return {t.request_id: token for t, token in zip(sampling, tokens, strict=True)}
+            with torch.inference_mode():
+                logits = self.language.compute_logits(hidden)  # [S, V] float32
+                drawn = self.sampler.launch(logits, rows)
+            ids = [t.request_id for t in sampling]
+            if drawn.tokens is not None:
+                self._drawn = (drawn.tokens, {rid: i for i, rid in enumerate(ids)})
+            return LaunchedStep(ids, drawn)
         finally:
             self.encode_stream.finish()
+
+    # ---- async scheduling: a step's inputs while the previous one runs ------------------
+    def _take_pending(self, ids: torch.Tensor, tasks: list[TokenTask]) -> None:
+        """Write the previous launch's draws over the ``PENDING_TOKEN`` ids of ``tasks``
+        (``ids``: the step's token ids on the device, task after task), on the device."""
+        rows: list[int] = []
+        sources: list[int] = []
+        drawn, row_of = self._drawn or (None, {})
+        end = 0
+        for task in tasks:
+            end += task.num_tokens
+            if task.token_ids[-1] == PENDING_TOKEN:  # only a sequence's last token can be
+                if task.request_id not in row_of:
+                    raise RuntimeError(f"no draw in flight for {task.request_id}")
+                rows.append(end - 1)
+                sources.append(row_of[task.request_id])
+        if not rows:
+            return
+        assert drawn is not None
+        index = torch.tensor([rows, sources], dtype=torch.long)
+        if self.device.type == "cuda":
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        ids[index[0]] = drawn[index[1]]
+
+    def _mark_inputs_sent(self) -> None:
+        """The step's host-to-device copies (buffers, FlashInfer's plan) are queued."""
+        if self.device.type == "cuda":
+            self._inputs_sent = torch.cuda.Event()
+            self._inputs_sent.record()
+
+    def _await_inputs_sent(self) -> None:
+        """Before the host writes its staging memory again: the last step's copies out of it
+        are done. A synchronous engine has waited for more already; with a step in flight
+        this returns as soon as that step's kernels have started."""
+        if self._inputs_sent is not None:
+            self._inputs_sent.synchronize()
+            self._inputs_sent = None
+
+
+@dataclass
+class LaunchedStep:
+    """One iteration's draws, by request, possibly still on their way to the host."""
+
+    request_ids: list[str]
+    drawn: SampledBatch
+
+    def result(self) -> dict[str, SampledToken]:
+        tokens = self.drawn.result()
+        return dict(zip(self.request_ids, tokens, strict=True))
 
 
 def _mrope_positions(tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from epd_engine.sampled_batch import SampledBatch
 from epd_engine.sampling import (
     SampledToken,
     SamplingParams,
@@ -45,21 +46,26 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """``logits`` ``[S, V]`` float32 (changed in place), one row per entry of ``rows``."""
+        return self.launch(logits, rows).result()
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampledBatch:
+        """``__call__`` without waiting: the draws stay on the device, on their way to the
+        host, until ``result()`` (rows asking for logprobs are read back at once)."""
         if not rows:
-            return []
+            return SampledBatch.ready([])
         params = [row.spec.params for row in rows]
         self._mask_eos_before_min_tokens(logits, rows)
         want_logprobs = any(p.logprobs for p in params)
         if all(p.greedy for p in params) and not want_logprobs:
-            return [SampledToken(t) for t in _argmax(logits).tolist()]
+            return SampledBatch.copying(_argmax(logits))
         temperatures = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temperatures):
             logits.div_(torch.tensor(temperatures, device=logits.device)[:, None])
         self._truncate(logits, params)
         tokens = self._draw(logits, rows)  # [S] int64
         if not want_logprobs:
-            return [SampledToken(t) for t in tokens.tolist()]
-        return self._with_logprobs(logits, tokens, params)
+            return SampledBatch.copying(tokens)
+        return SampledBatch.ready(self._with_logprobs(logits, tokens, params), tokens)
 
     @staticmethod
     def _mask_eos_before_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:

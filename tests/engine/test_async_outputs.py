@@ -21,9 +21,14 @@ T = TypeVar("T")
 PROMPTS = [[1, 5 + i, 17, 40 + 3 * i, 9] for i in range(8)]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_dir=tiny_model_dir, token_budget=256, image_budget=1))
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def engine(tiny_model_dir: Path, request: pytest.FixtureRequest) -> LLMEngine:
+    """Every test runs on both engines: with async scheduling the engine thread leaves a
+    step in flight, and the loop still sees the same outputs."""
+    config = EngineConfig(
+        model_dir=tiny_model_dir, token_budget=256, image_budget=1, async_scheduling=request.param
+    )
+    return LLMEngine(config)
 
 
 async def _generate(

@@ -40,11 +40,14 @@ def prompts(model_dir: Path, engine: LLMEngine) -> dict[str, PreparedPrompt]:
     return out
 
 
-def run(model_dir: Path, device: str, dual_stream: bool = True) -> dict[str, list[int]]:
+def run(
+    model_dir: Path, device: str, dual_stream: bool = True, async_scheduling: bool = False
+) -> dict[str, list[int]]:
     engine = LLMEngine(
         EngineConfig(
             model_dir=model_dir, role=Role.EPD, device=device, token_budget=4096,
             image_budget=2, num_kv_blocks=256, dual_stream=dual_stream,
+            async_scheduling=async_scheduling,
         )
     )  # fmt: skip
     for rid, prompt in prompts(model_dir, engine).items():
@@ -69,6 +72,12 @@ def test_cuda_engine_matches_cpu_engine(tiny_model_dir: Path) -> None:
     assert len(cpu) == 6 and all(len(t) == GREEDY.max_tokens for t in cpu.values())
     assert run(tiny_model_dir, "cuda", dual_stream=True) == cpu
     assert run(tiny_model_dir, "cuda", dual_stream=False) == cpu
+
+
+def test_async_scheduling_on_cuda_gives_the_cpu_tokens(tiny_model_dir: Path) -> None:
+    """Steps left in flight: pinned read-back, CUDA events, pending tokens on the device."""
+    cpu = run(tiny_model_dir, "cpu")
+    assert run(tiny_model_dir, "cuda", async_scheduling=True) == cpu
 
 
 def test_kv_cache_sized_from_gpu_memory(tiny_model_dir: Path) -> None:

@@ -63,6 +63,10 @@ step make-7b 120 $PY -m epd_engine make-model --preset llava-1.5-7b /tmp/llava-1
 TAIL=40 step served 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
   --device cuda --batches 1 8 32 128 --rounds 3 --new-tokens 64 \
   --server-log "$OUT/served-server.log" --out "$OUT/served-gpu.json" ${SERVED_ARGS:-}
+# The same, one instance with --async-scheduling against one without (both this tree).
+TAIL=40 step served-async 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
+  --device cuda --batches 8 32 128 --rounds 3 --new-tokens 64 --after-args=--async-scheduling \
+  --before-args= --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
 # The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
 TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
   --model /tmp/llava-1.5-7b --device cuda --dtype float16 --num-kv-blocks 4096 --rounds 2 \

@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run decode steps eagerly (graphs are only used on CUDA with FlashInfer)",
     )
     p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="schedule and launch step N+1 while step N runs on the GPU, its tokens read back "
+        "after (no gain on a CPU, where a step runs on the host)",
+    )
+    p.add_argument(
         "--num-kv-blocks",
         type=int,
         default=None,
@@ -144,6 +150,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             dtype=args.dtype,
             attention_backend=args.attention_backend,
             cuda_graphs=args.cuda_graphs,
+            async_scheduling=args.async_scheduling,
             kv_block_size=args.kv_block_size,
             num_kv_blocks=args.num_kv_blocks,
             gpu_memory_fraction=args.gpu_memory_fraction,

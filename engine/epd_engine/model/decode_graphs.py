@@ -83,9 +83,12 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         log.info("captured decode CUDA graphs for batch sizes %s", sorted(self._graphs))
 
+    def plan(self, fill: DecodeFill) -> None:
+        """The attention's plan for a step ``fill`` wrote: new page table, same addresses."""
+        self.attention.prepare_graph_decode(self.buffers, fill)
+
     def replay(self, fill: DecodeFill) -> torch.Tensor:
-        """Hidden states ``[fill.rows, H]`` of a step ``fill`` wrote into the buffers."""
+        """Hidden states ``[fill.rows, H]`` of a step ``fill`` wrote and ``plan`` planned."""
         graph, out = self._graphs[fill.rows]
-        self.attention.prepare_graph_decode(self.buffers, fill)  # new page table, same addresses
         graph.replay()
         return out
