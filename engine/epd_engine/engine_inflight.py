@@ -21,7 +21,7 @@ What a resolution can find, per request of step N:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from epd_engine.request import Request, RequestStatus
 from epd_engine.runner import LaunchedStep
@@ -55,7 +55,7 @@ def resolve(step: InflightStep, scheduler: Scheduler) -> list[RequestEvent]:
         index = step.output_index[request_id]
         request.output_token_ids[index] = token
         if request.sampling.ignore_eos or token not in request.eos_token_ids:
-            events.append(replace(provisional, new_token_id=token))
+            events.append(RequestEvent(request_id, token, provisional.finish_reason))
             continue
         del request.output_token_ids[index + 1 :]  # placeholders of draws past the end
         if request.status is RequestStatus.RUNNING:
