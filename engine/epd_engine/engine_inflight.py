@@ -58,9 +58,9 @@ def resolve(step: InflightStep, scheduler: Scheduler) -> list[RequestEvent]:
             events.append(RequestEvent(request_id, token, provisional.finish_reason))
             continue
         del request.output_token_ids[index + 1 :]  # placeholders of draws past the end
-        if request.status is RequestStatus.RUNNING:
-            scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
-        else:  # a length finish, here or in the next step: EOS comes first
+        if request.status.finished:  # a length finish, here or in the next step: EOS first
             request.status = RequestStatus.FINISHED_STOPPED
+        else:  # running, or preempted by the next step's schedule (waiting)
+            scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
         events.append(RequestEvent(request_id, token, RequestStatus.FINISHED_STOPPED.finish_reason))
     return events

@@ -10,16 +10,22 @@ overlap itself (that needs a GPU: ``tests/engine/test_engine_cuda.py``, ``docs/g
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from epd_engine.config import EngineConfig
+from epd_engine.cache.kv_cache import KVCacheManager
+from epd_engine.config import EngineConfig, Role
 from epd_engine.engine import LLMEngine
+from epd_engine.engine_inflight import InflightStep, resolve
 from epd_engine.processor import PreparedPrompt
-from epd_engine.request import PENDING_TOKEN
-from epd_engine.sampling import SamplingParams
+from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
+from epd_engine.runner import LaunchedStep
+from epd_engine.sampled_batch import SampledBatch
+from epd_engine.sampling import SampledToken, SamplingParams
+from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[1, 5 + i, 17, 40 + 3 * i, 9, 22 + i] for i in range(6)]
@@ -184,3 +190,39 @@ def test_every_page_is_free_once_all_requests_end(
     kv = engine.scheduler.kv
     assert kv is not None and kv.pool.num_free == kv.pool.num_blocks
     assert not engine.scheduler.requests and engine._inflight is None
+
+
+def test_a_preempted_request_whose_pending_token_is_eos_leaves_the_queue() -> None:
+    """The next step's schedule preempted it (back to waiting) before its in-flight token,
+    an EOS, was read: it must end, not wait forever marked as stopped."""
+    kv = KVCacheManager(16, 4)
+    limits = SchedulerLimits(token_budget=64, image_token_budget=1, max_num_running=4,
+                             max_model_len=64)  # fmt: skip
+    scheduler = Scheduler(Role.PD, limits, kv, None)
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=10), eos_token_ids=frozenset({7}))
+    scheduler.add(request)
+    out = scheduler.schedule()
+    provisional = scheduler.update(out, {"r": PENDING_TOKEN})
+    scheduler._preempt(request, SchedulerOutput())  # as the next schedule does when pages run out
+    launched = LaunchedStep(["r"], SampledBatch.ready([SampledToken(7)]))
+    step = InflightStep(out, launched, {"r": request}, {"r": provisional[0]}, {"r": 0})
+    assert resolve(step, scheduler) == [RequestEvent("r", 7, "stop")]
+    assert request.status is RequestStatus.FINISHED_STOPPED
+    assert not scheduler.waiting and "r" not in scheduler.requests
+    assert kv.pool.num_free == kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_arrivals_eos_and_few_pages_match_the_synchronous_engine(
+    tiny_model_dir: Path, seed: int
+) -> None:
+    """Everything at once: arrivals, EOS tokens that often end requests, preemption."""
+    rng = random.Random(seed)
+    eos = frozenset(rng.sample(range(3, 200), 12))
+    arrivals: Arrivals = {}
+    for i in range(8):
+        prompt = [1] + [rng.randrange(3, 500) for _ in range(rng.randrange(2, 20))]
+        params = SamplingParams(temperature=0.0, max_tokens=rng.randrange(1, 30))
+        arrivals.setdefault(rng.randrange(0, 12), []).append((f"q{i}", prompt, params))
+    sync, ahead, in_flight = both(tiny_model_dir, arrivals, eos=eos, num_kv_blocks=10)
+    assert ahead == sync and in_flight > 0
