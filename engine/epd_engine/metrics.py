@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from epd_engine.config import SLO
@@ -191,10 +190,23 @@ class Metrics:
         SLO counter (successful requests whose TTFT and p90 gap are both within the SLO)."""
         labels = self.labels
         self.ttft.labels(**labels).observe(ttft_s)
+        tpot = self.tpot.labels(**labels)  # one lookup, not one per gap (the event loop pays)
         for gap in gaps_s:
-            self.tpot.labels(**labels).observe(float(gap))
-        tpot_p90 = float(np.percentile(gaps_s, 90)) if len(gaps_s) else 0.0
+            tpot.observe(float(gap))
+        tpot_p90 = percentile_90(gaps_s) if len(gaps_s) else 0.0
         if len(gaps_s):
             self.tpot_p90.labels(**labels).observe(tpot_p90)
         if success and ttft_s <= slo.ttft_s and tpot_p90 <= slo.tpot_s:
             self.slo_met.labels(**labels).inc()
+
+
+def percentile_90(values: Sequence[float]) -> float:
+    """``np.percentile(values, 90)`` (linear interpolation) without numpy's per-call cost
+    (20 us for a 64-token reply, on the event loop once per finished request)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * 0.9
+    low = int(rank)
+    if low + 1 >= len(ordered):
+        return float(ordered[low])
+    return float(ordered[low] + (ordered[low + 1] - ordered[low]) * (rank - low))
+
