@@ -19,7 +19,10 @@ next on an instance, for a migrated request when the target queued the offer, so
   leaves the prefill instance as the offer goes out, the second comes after the target's
   queue (``decode_queue``) and one decode step, so hand-off = gap - queue - step;
 - ``request_s``: TTFT minus the time in stages and stage queues before the first token,
-  minus one hand-off per migration before it (router + HTTP + preprocessing);
+  minus one image offer per image hop before it (router + HTTP + preprocessing). An image
+  offer is not observable apart from it; it is priced as the image pull's protocol latency
+  (one exchange between the same two processes, ``image_handoff_s``), not as the KV hop's
+  ``handoff_s``, which is no offer alone (below);
 - ``step_s``: measured decode seconds per generated token minus the model's decode step;
 - ``encode_s`` / ``export_s``: the ``encode`` stage, and the ``prefill`` stage of a request
   whose KV migrates next (its prefill ran where nothing decodes), minus the runner's step for
@@ -154,7 +157,10 @@ def calibrate(
             staged = sum(stages.get(key, 0.0) for key in _BEFORE_FIRST_TOKEN)
             before_first.append((r.ttft_s - staged, _hops_before_first_token(r, kv_hop)))
     handoff_s = _median(handoff)
-    request_extra = [max(0.0, rest - hops * handoff_s) for rest, hops in before_first]
+    # An image hop's offer is priced as its pull (``Overheads.image_handoff_s``): the KV hop's
+    # hand-off, 4.7 ms on 2 cores, is its early offer's race and D's relay, not an offer.
+    image_handoff_s = _median(pull_extra) if pull_extra else handoff_s
+    request_extra = [max(0.0, rest - hops * image_handoff_s) for rest, hops in before_first]
 
     def per_share(values: Sequence[float]) -> list[float]:
         return [max(0.0, x) / cpu_share for x in values]
@@ -175,6 +181,8 @@ def calibrate(
         step_s_quantiles=stalls_per_share(quantiles(gap_overheads, _GAP_QUANTILES), cpu_share),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
+        image_handoff_s=image_handoff_s / cpu_share,
+        image_handoff_s_quantiles=quantiles(per_share(pull_extra)),
         kv_pull_s=_median(kv_pull) / cpu_share,
         kv_pull_s_quantiles=quantiles(per_share(kv_pull)),
         encode_s=max(0.0, _median(encode_extra) - step_s),
@@ -193,6 +201,7 @@ def calibrate(
         "handoff_s": overheads.handoff_s,
         "pull_s": overheads.pull_s,
         "kv_pull_s": overheads.kv_pull_s,
+        "image_handoff_s": overheads.image_handoff_s,
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
         "silent_tokens": overheads.silent_tokens,

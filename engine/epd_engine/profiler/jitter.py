@@ -38,6 +38,12 @@ class Jitter:
         o = self.overheads
         return self._draw(o.handoff_s, o.handoff_s_quantiles, self.cpu_share)
 
+    def image_handoff_s(self) -> float:
+        o = self.overheads
+        if not (o.image_handoff_s or o.image_handoff_s_quantiles):  # calibrated before
+            return self.handoff_s()
+        return self._draw(o.image_handoff_s, o.image_handoff_s_quantiles, self.cpu_share)
+
     def pull_s(self) -> float:
         o = self.overheads
         return self._draw(o.pull_s, o.pull_s_quantiles, self.cpu_share)

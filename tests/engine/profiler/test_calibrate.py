@@ -84,9 +84,11 @@ def _disaggregated(
     pull_s: float = 0.03,
     step_s: float = 0.006,
     path: tuple[str, ...] = ("e", "p", "d"),
+    image_offer_s: float = 0.029,
 ) -> RequestResult:
     """An E+P+D request as our router reports it: the queues after a hop include the pull;
-    the first gap spans the KV hop (hand-off, D's queue, one decode step)."""
+    TTFT holds the image offer (``image_offer_s``: as the pull's protocol, 0.03 s minus the
+    toy link's 1 ms); the first gap spans the KV hop (hand-off, D's queue, one decode step)."""
     encode, prefill, decode_wait = 0.005, 0.01, 0.004
     stages = {
         "encode_queue": 0.0,
@@ -98,7 +100,7 @@ def _disaggregated(
         "decode_queue": pull_s + decode_wait,
         "decode": 4 * step_s,
     }
-    ttft = request_s + encode + handoff_s + stages["prefill_queue"] + prefill
+    ttft = request_s + encode + image_offer_s + stages["prefill_queue"] + prefill
     gaps = (handoff_s + stages["decode_queue"] + step_s,) + (step_s,) * 3
     return RequestResult(
         request_id=f"r{i}",
@@ -126,6 +128,20 @@ def test_calibration_separates_hand_off_pull_and_request_overheads() -> None:
     assert o.step_s == pytest.approx(step, abs=1e-6)
     # the first gap (the KV hop) is not engine-loop jitter
     assert max(o.step_s_quantiles) == pytest.approx(step, abs=1e-6)
+
+
+def test_an_image_offer_is_priced_as_its_pull_not_as_the_kv_hand_off() -> None:
+    """TTFT holds an image hop's offer together with the request overhead. The KV hop's
+    hand-off (its first gap's rest, 4.7 ms on 2 cores) is the early offer's race and D's token
+    relay; taken off as the image offer, it left EPD and EP+D 4.7 ms short (issue 19)."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    results = [_disaggregated(i, handoff_s=0.05, pull_s=0.01, image_offer_s=0.009)
+               for i in range(10)]  # fmt: skip
+    o = calibrate(cost, results, cpu_share=2.0).overheads
+    assert o.request_s == pytest.approx(0.1, abs=1e-6)  # not 0.1 + 0.009 - 0.05
+    assert o.image_handoff_s == pytest.approx(0.009 / 2, abs=1e-6)  # per share, as the pull
+    assert o.image_handoff_s_quantiles == o.pull_s_quantiles
+    assert o.handoff_s == pytest.approx(0.05 / 2, abs=1e-6)  # the KV hop keeps its own
 
 
 def test_a_kv_pull_is_read_off_the_decode_queue_not_the_last_copy() -> None:
@@ -189,6 +205,10 @@ def test_jitter_scales_the_migration_overheads_by_the_plans_share() -> None:
     assert shared.request_s() == pytest.approx(alone.request_s())
     assert shared.handoff_s() == pytest.approx(2 * alone.handoff_s())
     assert shared.pull_s() == pytest.approx(2 * alone.pull_s())
+    # an image offer: its own when calibrated, else (older models) the KV hop's hand-off
+    assert alone.image_handoff_s() == pytest.approx(0.003)
+    own = Jitter(dataclasses.replace(o, image_handoff_s=0.0005), cpu_share=2.0)
+    assert own.image_handoff_s() == pytest.approx(0.001)
     assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
     drawn = Overheads(step_s_quantiles=(0.001, 0.001, 0.005))
     assert {Jitter(drawn, seed, cpu_share=1.0).step_s() for seed in range(20)} == {0.001, 0.005}
