@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 
 import pytest
 
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
-from epd_engine.profiler.calibrate import calibrate, quantiles, stalls_per_share
+from epd_engine.profiler.calibrate import calibrate, quantiles, stalls_per_share, unfold_silent
 from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
@@ -263,3 +265,53 @@ def test_step_quantiles_resolve_a_one_percent_stall_tail() -> None:
     results[-1] = _result(10, 0.15, (step,) * 18 + (step + 0.01,) * 2)
     quantiles_ = calibrate(cost, results).overheads.step_s_quantiles
     assert max(quantiles_) == pytest.approx(0.01, abs=1e-6)
+
+
+def _fold(token: tuple[float, ...], silent: float, step_s: float, num: int = 20000) -> list[float]:
+    """Chunk gaps' overheads as the client sees them: a silent token's gap runs on."""
+    rng = random.Random(7)
+    out = []
+    for _ in range(num):
+        value = rng.choice(token)
+        while rng.random() < silent:
+            value += step_s + rng.choice(token)
+        out.append(value)
+    return out
+
+
+def test_unfolding_silent_tokens_inverts_the_clients_folding() -> None:
+    # a loop body with a stall tail, like the measured one (p98 ~ 6x the median)
+    token = tuple(0.0003 * -math.log(1 - (i + 0.5) / 128) for i in range(128))
+    chunk = quantiles(_fold(token, 0.15, 0.0004), 128)
+    assert unfold_silent(chunk, 0.0, 0.0004) == chunk
+    unfolded = unfold_silent(chunk, 0.15, 0.0004)
+    assert sum(chunk) > 1.3 * sum(token)  # what drawing the chunks' gaps did
+    assert sum(unfolded) == pytest.approx(sum(token), rel=0.05)
+    refolded = quantiles(_fold(unfolded, 0.15, 0.0004), 128)
+    for q in (64, 115, 125):  # median, p90, p98: the fit is approximate, not 25-40% over
+        assert refolded[q] == pytest.approx(chunk[q], rel=0.2)
+
+
+def test_calibrated_gaps_are_per_token_when_the_client_saw_fewer_chunks() -> None:
+    """14% of tiny-llava's tokens reach the client with no text; the simulator folds them
+    into the next gap itself, so the drawn overheads must be per token: drawn per chunk,
+    simulated gaps were 25% heavier than measured (p90-p98)."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    token = [0.004 if i % 8 == 3 else 0.0 for i in range(40)]  # a 4 ms stall in 8 tokens
+    results = []
+    for i in range(20):
+        step = cost.decode_s(1, 20 + 41 // 2)
+        gaps, held = [], 0.0
+        for j, extra in enumerate(token):
+            if j % 5 == 4 and j < len(token) - 1:  # silent: runs on into the next chunk
+                held += step + extra
+                continue
+            gaps.append(held + step + extra)
+            held = 0.0
+        r = _result(i, 0.15, tuple(gaps))
+        results.append(dataclasses.replace(r, num_output_tokens=41, output_tokens=41))
+    o = calibrate(cost, results).overheads
+    assert o.silent_tokens == pytest.approx(7 / 40)
+    mean = sum(o.step_s_quantiles) / len(o.step_s_quantiles)
+    # 0.5 ms a token (drawn per chunk: 1.7 ms, the silent tokens' steps counted twice)
+    assert mean == pytest.approx(sum(token) / len(token), abs=0.00025)
