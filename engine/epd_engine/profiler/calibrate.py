@@ -39,8 +39,8 @@ next on an instance, for a migrated request when the target queued the offer, so
 Migrations are only observable in a run that has them, so calibrate on a disaggregated
 method (e.g. E+P+D: image and KV hops) and predict the others: the fidelity benchmark reports
 errors on runs the calibration never saw. ``cpu_share`` is the calibration run's processes
-per host core (``simulator.cpu_share``); the hand-off and pull overheads, and the stalls of
-the per-iteration overhead, are stored divided by it, the request overhead is not
+per host core (``simulator.cpu_share``); the hand-off and pull overheads are stored
+divided by it, the request and per-iteration overheads (stalls included) are not
 (``Overheads``).
 """
 
@@ -76,16 +76,6 @@ def _hops_before_first_token(r: RequestResult, kv_hop: bool) -> int:
     if r.path:
         return max(0, len(r.path) - 1 - int(kv_hop))
     return int("migration_image" in (r.stage_s or {}))
-
-
-def stalls_per_share(values: tuple[float, ...], cpu_share: float) -> tuple[float, ...]:
-    """Gap overheads with their excess over the median divided by ``cpu_share``: a gap's
-    stall is its process waiting for a core, which grows with processes per core (p98 gap
-    over its median on 2 cores: E+P+D 3.8 ms, EP+D 2.6, EPD 2.3); the body is the loop."""
-    if not values:
-        return values
-    pivot = median(values)
-    return tuple(round(pivot + (x - pivot) / cpu_share, 6) if x > pivot else x for x in values)
 
 
 def unfold_silent(
@@ -203,8 +193,8 @@ def calibrate(
         return [max(0.0, x) / cpu_share for x in values]
 
     # request_s and step_s are not per share: the router, HTTP and the entry instance's
-    # preprocessing, and a decode gap's loop and relay, are the same processes in every plan;
-    # only a gap's stalls are (Overheads).
+    # preprocessing, and a decode gap's loop, relay and stalls, are the same in every plan
+    # (Overheads).
     step_s = _median(step_extra)
     silent = 1.0 - chunks / later_tokens if later_tokens else 0.0
     gap_overheads = [max(0.0, x) for x in gap_extra]
@@ -216,9 +206,8 @@ def calibrate(
         request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
         # 128, not 32: ~17 gaps a request resolve the stall tail that sets p90 TPOT (p99 gap
         # 5.5 ms on 2 cores, beyond 32 quantiles' top at p98.4)
-        step_s_quantiles=stalls_per_share(
-            unfold_silent(quantiles(gap_overheads, _GAP_QUANTILES), silent, _median(model_steps)),
-            cpu_share,
+        step_s_quantiles=unfold_silent(
+            quantiles(gap_overheads, _GAP_QUANTILES), silent, _median(model_steps)
         ),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),

@@ -9,7 +9,7 @@ import pytest
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
 from epd_engine.plan import Plan
-from epd_engine.profiler.calibrate import calibrate, quantiles, stalls_per_share, unfold_silent
+from epd_engine.profiler.calibrate import calibrate, quantiles, unfold_silent
 from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
@@ -214,13 +214,14 @@ def test_jitter_scales_the_migration_overheads_by_the_plans_share() -> None:
     assert shared.step_s() == pytest.approx(alone.step_s()) == pytest.approx(0.002)
     drawn = Overheads(step_s_quantiles=(0.001, 0.001, 0.005))
     assert {Jitter(drawn, seed, cpu_share=1.0).step_s() for seed in range(20)} == {0.001, 0.005}
-    # a stall (the excess over the median) is per share: its process waits for a core
+    # nor is a stall (far above the median): the relay waiting, the same in every plan
     draws = {round(Jitter(drawn, seed, cpu_share=2.0).step_s(), 9) for seed in range(20)}
-    assert draws == {0.001, 0.009}
+    assert draws == {0.001, 0.005}
 
 
-def test_stalls_are_stored_per_unit_of_cpu_share() -> None:
-    assert stalls_per_share((0.0, 0.001, 0.001, 0.005), 2.0) == (0.0, 0.001, 0.001, 0.003)
+def test_stalls_are_stored_as_measured_not_per_cpu_share() -> None:
+    """Over 200 requests a rate on 2 cores the gaps' p98 is 3.7-4.5 ms in E+P+D (share 2),
+    EP+D (1.5) and EPD (1) alike; stored per share, EPD's were halved (p90 TPOT -23..-35%)."""
     cost = toy_cost_model(decode_step_s=0.005)
     step = cost.decode_s(1, 22)
     gaps = (step,) * 8 + (step + 0.004,) * 2  # two 4 ms stalls in ten gaps
@@ -228,8 +229,7 @@ def test_stalls_are_stored_per_unit_of_cpu_share() -> None:
     plain = calibrate(cost, results).overheads.step_s_quantiles
     shared = calibrate(cost, results, cpu_share=2.0).overheads.step_s_quantiles
     assert max(plain) == pytest.approx(0.004, abs=1e-6)
-    assert max(shared) == pytest.approx(0.002, abs=1e-6)
-    assert min(shared) == min(plain) == 0.0
+    assert shared == plain
 
 
 def test_calibration_counts_tokens_the_client_got_no_chunk_for() -> None:
