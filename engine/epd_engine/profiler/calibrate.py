@@ -19,7 +19,10 @@ next on an instance, for a migrated request when the target queued the offer, so
   leaves the prefill instance as the offer goes out, the second comes after the target's
   queue (``decode_queue``) and one decode step, so hand-off = gap - queue - step;
 - ``request_s``: TTFT minus the time in stages and stage queues before the first token,
-  minus one hand-off per migration before it (router + HTTP + preprocessing);
+  minus one image offer per image hop before it (router + HTTP + preprocessing). An image
+  offer is not observable apart from it; it is priced as the image pull's protocol latency
+  (one exchange between the same two processes, ``image_handoff_s``), not as the KV hop's
+  ``handoff_s``, which is no offer alone (below);
 - ``step_s``: measured decode seconds per generated token minus the model's decode step;
 - ``encode_s`` / ``export_s``: the ``encode`` stage, and the ``prefill`` stage of a request
   whose KV migrates next (its prefill ran where nothing decodes), minus the runner's step for
@@ -29,19 +32,22 @@ next on an instance, for a migrated request when the target queued the offer, so
   (server-counted tokens minus streamed chunks);
 - empirical quantiles of each (the step's from every inter-token gap except one that spans
   a migration), which the simulator samples: on a shared host p90 TPOT is made of the
-  jitter, which a median cannot reproduce.
+  jitter, which a median cannot reproduce. A gap is per chunk and spans the silent tokens
+  before it; the simulator folds those itself, so the step's quantiles are unfolded to one
+  token's (``unfold_silent``).
 
 Migrations are only observable in a run that has them, so calibrate on a disaggregated
 method (e.g. E+P+D: image and KV hops) and predict the others: the fidelity benchmark reports
 errors on runs the calibration never saw. ``cpu_share`` is the calibration run's processes
-per host core (``simulator.cpu_share``); the hand-off and pull overheads, and the stalls of
-the per-iteration overhead, are stored divided by it, the request overhead is not
+per host core (``simulator.cpu_share``); the hand-off and pull overheads are stored
+divided by it, the request and per-iteration overheads (stalls included) are not
 (``Overheads``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Sequence
 from statistics import median
 
@@ -72,14 +78,36 @@ def _hops_before_first_token(r: RequestResult, kv_hop: bool) -> int:
     return int("migration_image" in (r.stage_s or {}))
 
 
-def stalls_per_share(values: tuple[float, ...], cpu_share: float) -> tuple[float, ...]:
-    """Gap overheads with their excess over the median divided by ``cpu_share``: a gap's
-    stall is its process waiting for a core, which grows with processes per core (p98 gap
-    over its median on 2 cores: E+P+D 3.8 ms, EP+D 2.6, EPD 2.3); the body is the loop."""
-    if not values:
-        return values
-    pivot = median(values)
-    return tuple(round(pivot + (x - pivot) / cpu_share, 6) if x > pivot else x for x in values)
+def unfold_silent(
+    chunk: tuple[float, ...], silent: float, step_s: float, rounds: int = 30, num: int = 4096
+) -> tuple[float, ...]:
+    """Per-token overhead quantiles whose gaps, folded as the client sees them, have the
+    quantiles ``chunk`` (the gaps' overheads over the model's step, as measured per chunk).
+
+    The client measures one gap a chunk: after ``k - 1`` silent tokens a gap spans ``k``
+    steps (``k - 1`` of them: the model's ``step_s`` and an overhead each). The simulator
+    draws one overhead a token and folds silent tokens the same way (``tracker``), so drawing
+    the per-chunk overheads folded them twice: simulated gaps 25% heavier than measured at
+    p90-p98 (E+P+D on 2 cores, 14% silent). Deconvolved by fixed-point on the quantiles, with
+    seeded draws (same data, same result)."""
+    if not chunk or silent <= 0.0:
+        return chunk
+    rng = random.Random(0)
+    n = len(chunk)
+    samples = []  # (quantile indices of the k tokens' draws), common to every round
+    for _ in range(num):
+        picks = [rng.randrange(n)]
+        while rng.random() < silent and len(picks) < 16:
+            picks.append(rng.randrange(n))
+        samples.append(picks)
+    target = sorted(chunk)
+    token = list(target)
+    for _ in range(rounds):
+        folded = [sum(token[i] for i in picks) + (len(picks) - 1) * step_s for picks in samples]
+        for i, (want, got) in enumerate(zip(target, quantiles(folded, n), strict=True)):
+            token[i] = max(0.0, token[i] + want - got)
+        token.sort()
+    return tuple(round(x, 6) for x in token)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -106,6 +134,7 @@ def calibrate(
     # requests it set p90 TTFT. After a warm-up, dropping one more costs nothing.
     measured = measured[1:] or measured
     step_extra: list[float] = []
+    model_steps: list[float] = []
     gap_extra: list[float] = []
     pull_extra: list[float] = []
     handoff: list[float] = []
@@ -146,6 +175,7 @@ def calibrate(
             model_step = cost.decode_s(1, context)
             per_token = stages["decode"] / tokens
             step_extra.append(per_token - model_step)
+            model_steps.append(model_step)
             gaps = r.itl_s[1:] if kv_hop else r.itl_s  # the first gap spans the KV hop
             gap_extra += [max(0.0, gap - model_step) for gap in gaps]
             if kv_hop and r.itl_s and clean:
@@ -154,15 +184,19 @@ def calibrate(
             staged = sum(stages.get(key, 0.0) for key in _BEFORE_FIRST_TOKEN)
             before_first.append((r.ttft_s - staged, _hops_before_first_token(r, kv_hop)))
     handoff_s = _median(handoff)
-    request_extra = [max(0.0, rest - hops * handoff_s) for rest, hops in before_first]
+    # An image hop's offer is priced as its pull (``Overheads.image_handoff_s``): the KV hop's
+    # hand-off, 4.7 ms on 2 cores, is its early offer's race and D's relay, not an offer.
+    image_handoff_s = _median(pull_extra) if pull_extra else handoff_s
+    request_extra = [max(0.0, rest - hops * image_handoff_s) for rest, hops in before_first]
 
     def per_share(values: Sequence[float]) -> list[float]:
         return [max(0.0, x) / cpu_share for x in values]
 
     # request_s and step_s are not per share: the router, HTTP and the entry instance's
-    # preprocessing, and a decode gap's loop and relay, are the same processes in every plan;
-    # only a gap's stalls are (Overheads).
+    # preprocessing, and a decode gap's loop, relay and stalls, are the same in every plan
+    # (Overheads).
     step_s = _median(step_extra)
+    silent = 1.0 - chunks / later_tokens if later_tokens else 0.0
     gap_overheads = [max(0.0, x) for x in gap_extra]
     overheads = Overheads(
         request_s=_median(request_extra),
@@ -172,14 +206,18 @@ def calibrate(
         request_s_quantiles=quantiles([max(0.0, x) for x in request_extra]),
         # 128, not 32: ~17 gaps a request resolve the stall tail that sets p90 TPOT (p99 gap
         # 5.5 ms on 2 cores, beyond 32 quantiles' top at p98.4)
-        step_s_quantiles=stalls_per_share(quantiles(gap_overheads, _GAP_QUANTILES), cpu_share),
+        step_s_quantiles=unfold_silent(
+            quantiles(gap_overheads, _GAP_QUANTILES), silent, _median(model_steps)
+        ),
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
+        image_handoff_s=image_handoff_s / cpu_share,
+        image_handoff_s_quantiles=quantiles(per_share(pull_extra)),
         kv_pull_s=_median(kv_pull) / cpu_share,
         kv_pull_s_quantiles=quantiles(per_share(kv_pull)),
         encode_s=max(0.0, _median(encode_extra) - step_s),
         export_s=max(0.0, _median(export_extra) - step_s),
-        silent_tokens=1.0 - chunks / later_tokens if later_tokens else 0.0,
+        silent_tokens=silent,
     )
     meta = dict(cost.meta)
     meta["calibration"] = {
@@ -193,6 +231,7 @@ def calibrate(
         "handoff_s": overheads.handoff_s,
         "pull_s": overheads.pull_s,
         "kv_pull_s": overheads.kv_pull_s,
+        "image_handoff_s": overheads.image_handoff_s,
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
         "silent_tokens": overheads.silent_tokens,

@@ -174,13 +174,16 @@ class Overheads:
     processes in every plan, whose other instances are idle for most of a request. Measured
     on 2 cores, TTFT outside the stages is 15-18 ms in EPD (share 1), 18-19 in EP+D (1.5) and
     20-22 in E+P+D (2, an image hop included): scaled by the share, EPD's was half of it.
-    Only a gap's stall -- its draw above the median of ``step_s_quantiles`` -- is per share
-    (its process waiting for a core; ``calibrate.stalls_per_share``); contention while other
-    instances are busy is ``host_cores`` sharing.
+    So are a gap's stalls (its draws far above the median of ``step_s_quantiles``): over
+    200 requests a rate, the measured gaps' p50 / p90 / p98 are 0.7 / 1.8-2.1 / 3.7-4.5 ms in
+    E+P+D (share 2), EP+D (1.5) and EPD (1) alike, and do not grow from 1 to 4 req/s; a big
+    gap is followed by a burst (57-74% of gaps > 3 ms by one < 0.3 ms): the token relay
+    waiting, not a core. (Stored per share, from 40-request runs, EPD's were halved: p90 TPOT
+    -23 to -35%.) Contention while other instances are busy is ``host_cores`` sharing.
     """
 
     request_s: float = 0.0  # arrival -> queued on its first instance
-    step_s: float = 0.0  # added to every iteration (not per share; its stalls are)
+    step_s: float = 0.0  # added to every iteration (not per share, nor are its stalls)
     handoff_s: float = 0.0  # source's stage done -> queued on the migration target
     pull_s: float = 0.0  # pull protocol latency beyond bytes / bandwidth
     # Empirical quantiles of the same (a live host jitters: p90 TPOT is made of the spikes).
@@ -193,6 +196,15 @@ class Overheads:
     # target waits on the source's prefill (``calibrate``).
     kv_pull_s: float = 0.0
     kv_pull_s_quantiles: tuple[float, ...] = ()
+    # An image hop's offer (step 1 after an encode), when calibrated apart (else handoff_s).
+    # ``handoff_s`` is read off the KV hop, whose first gap also holds the early offer's race
+    # with the prefill and the decode instance's token relay: 4.7 ms on 2 cores, while an
+    # image offer is one exchange between the same two processes, like its pull. TTFT holds
+    # the image offer only together with the request overhead, so ``calibrate`` prices it as
+    # the image pull's protocol latency (``pull_s``); priced as the KV hop's, it took 4.7 ms
+    # off ``request_s`` that EPD and EP+D, with no image hop, then lacked (issue 19).
+    image_handoff_s: float = 0.0
+    image_handoff_s_quantiles: tuple[float, ...] = ()
     # Iterations that cost more than the runner's timed work and ``step_s`` (not per share):
     # an encode, and a prefill on an instance that does not decode (it offers the KV early
     # and marks each written layer for the target's pull, DESIGN.md §4, while its event loop
@@ -292,7 +304,7 @@ class FittedCostModel:
 
 
 def _overheads(data: dict[str, Any]) -> Overheads:
-    names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s")
+    names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s", "image_handoff_s")
     fixed = ("encode_s", "export_s", "silent_tokens")  # no quantiles
     known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:

@@ -6,7 +6,6 @@ step overheads as measured (``Overheads``)."""
 from __future__ import annotations
 
 import random
-from statistics import median
 
 from epd_engine.profiler.cost_model import Overheads
 
@@ -16,8 +15,6 @@ class Jitter:
         self.overheads = overheads
         self.cpu_share = cpu_share
         self._rng = random.Random(seed)
-        quantiles = overheads.step_s_quantiles
-        self._step_pivot = median(quantiles) if quantiles else overheads.step_s
 
     def _draw(self, median: float, options: tuple[float, ...], share: float) -> float:
         value = self._rng.choice(options) if options else median
@@ -29,14 +26,17 @@ class Jitter:
 
     def step_s(self) -> float:
         o = self.overheads
-        value = self._draw(o.step_s, o.step_s_quantiles, 1.0)
-        if value > self._step_pivot:  # a stall: per share (``calibrate.stalls_per_share``)
-            value = self._step_pivot + (value - self._step_pivot) * self.cpu_share
-        return value
+        return self._draw(o.step_s, o.step_s_quantiles, 1.0)  # not per share, nor its stalls
 
     def handoff_s(self) -> float:
         o = self.overheads
         return self._draw(o.handoff_s, o.handoff_s_quantiles, self.cpu_share)
+
+    def image_handoff_s(self) -> float:
+        o = self.overheads
+        if not (o.image_handoff_s or o.image_handoff_s_quantiles):  # calibrated before
+            return self.handoff_s()
+        return self._draw(o.image_handoff_s, o.image_handoff_s_quantiles, self.cpu_share)
 
     def pull_s(self) -> float:
         o = self.overheads

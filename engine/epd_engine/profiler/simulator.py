@@ -273,7 +273,9 @@ class _Run:
         target.changed()
         target.num_incoming += 1
         key = f"{source.index}:{request_id}"
-        self.push(now + self.jitter.handoff_s(), _OFFER, target.index, key)
+        image = request.next_stage is Stage.PREFILL  # an image hop, else KV
+        handoff_s = self.jitter.image_handoff_s() if image else self.jitter.handoff_s()
+        self.push(now + handoff_s, _OFFER, target.index, key)
 
     def offer(self, target_index: int, key: str, now: float) -> None:
         """The offer arrived: the target queues the request; it pulls once admitted."""

@@ -70,7 +70,13 @@ def test_json_round_trip_keeps_every_coefficient(tmp_path: Path) -> None:
     path = save_cost_model(model, tmp_path / "cost.json")
     assert load_cost_model(path) == model
     overheads = Overheads(0.1, 0.002, 0.02, 0.03, (0.1, 0.2), (0.0, 0.004), (0.01,), (0.03, 0.05))
-    overheads = dataclasses.replace(overheads, encode_s=0.001, export_s=0.0015)
+    overheads = dataclasses.replace(
+        overheads,
+        encode_s=0.001,
+        export_s=0.0015,
+        image_handoff_s=0.0004,
+        image_handoff_s_quantiles=(0.0003, 0.0005),
+    )
     calibrated = dataclasses.replace(model, overheads=overheads)
     path = save_cost_model(calibrated, tmp_path / "calibrated.json")
     assert load_cost_model(path) == calibrated

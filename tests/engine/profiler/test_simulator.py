@@ -165,6 +165,20 @@ def test_a_kv_pull_waits_its_own_calibrated_latency() -> None:
     assert r.itl_s[0] == pytest.approx(0.02 + kv_pull + 0.005 + 1e-4)
 
 
+def test_an_image_hop_waits_its_own_offer_latency_a_kv_hop_the_hand_off() -> None:
+    """The image offer is calibrated apart (``image_handoff_s``, priced as its pull): an E+P+D
+    TTFT holds it, not the KV hop's hand-off, which stays in the first gap."""
+    base = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=1e-4, decode_step_s=0.005)
+    overheads = Overheads(handoff_s=0.02, pull_s=0.03, image_handoff_s=0.004)
+    cost = dataclasses.replace(base, overheads=overheads)
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    [r] = simulate(plan, make_trace(num=1, output_tokens=3), cost, SLO_LOOSE).results
+    image_pull = 0.03 + cost.migration_s("image", 100)
+    kv_pull = 0.03 + cost.migration_s("kv", 120)
+    assert r.ttft_s == pytest.approx(0.01 + 0.004 + image_pull + 0.005 + 1e-4 * 120)
+    assert r.itl_s[0] == pytest.approx(0.02 + kv_pull + 0.005 + 1e-4)
+
+
 def test_a_target_without_pages_keeps_the_migration_queued_until_it_has_room() -> None:
     """Pages are taken when the target's scheduler admits the pull, not when the offer lands:
     with room for one request's KV on D, the second waits in D's queue, nothing fails."""
