@@ -19,6 +19,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -52,9 +53,30 @@ class RequestOutput:
     stage_timings: list[StageTiming] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, if asked
     num_cached_tokens: int = 0  # prompt tokens served from this instance's cache
+    published_s: float = 0.0  # monotonic time the event loop received it (token timing)
 
 
 Sink = Callable[[RequestOutput], None]
+
+
+class FinalWake:
+    """A request's outputs for a client that wants only the whole answer: each is kept as
+    it arrives and the reader wakes once, at the last (a wake-up per step and request costs
+    the event loop, which shares the GIL with the engine thread, ~15 us at batch 128)."""
+
+    def __init__(self) -> None:
+        self._outputs: list[RequestOutput] = []
+        self._done = asyncio.Event()
+
+    def put_nowait(self, output: RequestOutput) -> None:
+        self._outputs.append(output)
+        if output.finish_reason is not None:
+            self._done.set()
+
+    async def get(self) -> RequestOutput:
+        if not self._done.is_set():
+            await self._done.wait()
+        return self._outputs.pop(0)
 
 
 @dataclass
@@ -143,10 +165,14 @@ class AsyncEngine:
         prompt: PreparedPrompt,
         sampling: SamplingParams,
         eos_token_ids: frozenset[int],
+        incremental: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Serve one request directly to a local client."""
+        """Serve one request directly to a local client: each step's output as it comes
+        (``incremental``), or all of them at once when the last has come."""
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        outputs: asyncio.Queue[RequestOutput] | FinalWake = (
+            asyncio.Queue() if incremental else FinalWake()
+        )
         stream = RequestOutputStream(
             outputs.put_nowait,
             loop,
@@ -328,7 +354,9 @@ class AsyncEngine:
     def _publish(self, outputs: list[tuple[RequestOutputStream, RequestOutput]]) -> None:
         """Detokenize each output's tokens, then hand it to its sink, in order (one failing
         sink spoils no other)."""
+        now = time.monotonic()
         for stream, output in outputs:
+            output.published_s = now
             if stream.finished:
                 continue  # a stop string ended it; the engine made a token more meanwhile
             try:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from epd_engine.async_engine import AsyncEngine, RequestOutput
+from epd_engine.async_engine import AsyncEngine, FinalWake, RequestOutput
 from epd_engine.config import EngineConfig
 from epd_engine.engine import LLMEngine
 from epd_engine.processor import InputProcessor, PreparedPrompt
@@ -127,3 +127,39 @@ def test_a_stop_string_found_on_the_loop_ends_the_request_and_frees_its_pages(
     assert outputs[-1].finish_reason == "stop"
     assert not engine.has_work() and not engine.scheduler.requests
     assert engine.scheduler.kv is not None and engine.scheduler.kv.pool.usage == 0
+
+
+def test_a_whole_answer_is_read_once_its_last_output_has_come(
+    engine: LLMEngine, tiny_model_dir: Path
+) -> None:
+    """A non-streaming client's outputs are kept as they come and its reader wakes once, at
+    the last; they are the streaming client's outputs, each stamped when it came."""
+    processor = InputProcessor(tiny_model_dir, engine.model_config)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def both(async_engine: AsyncEngine) -> tuple[list[RequestOutput], list[RequestOutput]]:
+        outputs: list[RequestOutput] = []
+        async for output in async_engine.generate(
+            "w", PreparedPrompt(PROMPTS[2], [], []), params, frozenset(), incremental=False
+        ):
+            outputs.append(output)
+        streamed = await _generate(async_engine, "i", PROMPTS[2], params)
+        return outputs, streamed
+
+    whole, streamed = _run(engine, processor.decode, both)
+    assert [o.new_token_ids for o in whole] == [o.new_token_ids for o in streamed]
+    assert "".join(o.text_delta for o in whole) == "".join(o.text_delta for o in streamed)
+    stamps = [o.published_s for o in whole]
+    assert stamps == sorted(stamps) and stamps[-1] > stamps[0] > 0  # per step, not per read
+
+
+def test_final_wake_returns_nothing_before_the_last_output() -> None:
+    async def scenario() -> list[str]:
+        wake = FinalWake()
+        wake.put_nowait(RequestOutput("r", "a", [1], 3, 1))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(wake.get(), timeout=0.05)
+        wake.put_nowait(RequestOutput("r", "b", [2], 3, 2, finish_reason="length"))
+        return [(await wake.get()).text_delta, (await wake.get()).text_delta]
+
+    assert asyncio.run(scenario()) == ["a", "b"]

@@ -73,9 +73,9 @@ class _Timer:
         self.start_s = time.monotonic()
         self.token_times_s: list[float] = []
 
-    def tokens(self, count: int) -> None:
-        now = time.monotonic()
-        self.token_times_s.extend([now] * count)
+    def tokens(self, count: int, at_s: float) -> None:
+        """``count`` tokens reached this server at ``at_s`` (monotonic)."""
+        self.token_times_s.extend([at_s] * count)
 
     def finish(self, outcome: str) -> None:
         m = self.state.metrics
@@ -117,7 +117,9 @@ async def _serve(
         body, state.processor, state.http, state.config, state.engine.engine.max_model_len
     )
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-    outputs = state.engine.generate(request_id, prompt, params, state.processor.eos_token_ids)
+    outputs = state.engine.generate(
+        request_id, prompt, params, state.processor.eos_token_ids, incremental=bool(body.stream)
+    )
     first = await anext(outputs)  # surfaces admission errors as 4xx before streaming starts
     token_text = None  # set when the client asked for logprobs
     if params.logprobs:
@@ -147,7 +149,7 @@ async def _chain(
     output = first
     try:
         while True:
-            timer.tokens(output.num_output_tokens - last_count)
+            timer.tokens(output.num_output_tokens - last_count, output.published_s)
             last_count = output.num_output_tokens
             yield output
             if output.finish_reason is not None:
