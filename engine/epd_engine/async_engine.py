@@ -61,8 +61,8 @@ Sink = Callable[[RequestOutput], None]
 
 class FinalWake:
     """A request's outputs for a client that wants only the whole answer: each is kept as
-    it arrives and the reader wakes once, at the last (a wake-up per step and request costs
-    the event loop, which shares the GIL with the engine thread, ~15 us at batch 128)."""
+    it arrives and the reader wakes once, at the last (a wake-up per step and request is
+    event-loop time, and the loop shares the GIL with the engine thread)."""
 
     def __init__(self) -> None:
         self._outputs: list[RequestOutput] = []
