@@ -29,6 +29,16 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:  # [S, V] -> [S] int64
     return logits.max(dim=-1).indices
 
 
+def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on ``device`` without a blocking copy: a blocking host-to-device
+    copy waits for every kernel queued before it (with async scheduling, the step in
+    flight), so a sampling option would have put the host back in step with the GPU."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def seed_for(seed: int, position: int) -> int:
     """A generator seed per (request seed, position): splitmix64's mixing step."""
     z = (seed * 0x9E3779B97F4A7C15 + position + 1) & ((1 << 64) - 1)
@@ -60,7 +70,7 @@ class Sampler:
             return SampledBatch.copying(_argmax(logits))
         temperatures = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temperatures):
-            logits.div_(torch.tensor(temperatures, device=logits.device)[:, None])
+            logits.div_(_on_device(temperatures, torch.float32, logits.device)[:, None])
         self._truncate(logits, params)
         tokens = self._draw(logits, rows)  # [S] int64
         if not want_logprobs:
@@ -76,7 +86,7 @@ class Sampler:
                 banned_rows.extend([i] * len(row.spec.eos_token_ids))
                 banned_ids.extend(row.spec.eos_token_ids)
         if banned_rows:
-            index = torch.tensor([banned_rows, banned_ids], device=logits.device)
+            index = _on_device([banned_rows, banned_ids], torch.long, logits.device)
             logits[index[0], index[1]] = float("-inf")
 
     @staticmethod
@@ -85,16 +95,19 @@ class Sampler:
 
         A full-vocabulary sort is slow (most of a CPU step at batch 256), so the candidates
         are the ``_CANDIDATES`` largest logits first; only rows whose top-k / top-p set
-        reaches beyond them (flat distributions) pay for the sort.
+        reaches beyond them (flat distributions) pay for the sort. Finding those rows reads
+        one flag per row back from the device: the one wait for the GPU left in sampling
+        (only in steps with a top-k / top-p row).
         """
         rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
         if not rows:
             return
         vocab = logits.shape[1]
         device = logits.device
-        sub = logits[rows]  # [R, V]
-        top_k = torch.tensor([params[i].top_k or vocab for i in rows], device=device)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=device)
+        row_index = _on_device(rows, torch.long, device)
+        sub = logits[row_index]  # [R, V]
+        top_k = _on_device([params[i].top_k or vocab for i in rows], torch.long, device)
+        top_p = _on_device([params[i].top_p for i in rows], torch.float32, device)
         width = min(_CANDIDATES, vocab)
         values, order = sub.topk(width, dim=-1)  # [R, width], largest first
         norm = sub.logsumexp(dim=-1, keepdim=True)
@@ -108,7 +121,7 @@ class Sampler:
             cut[outside] = torch.full_like(values, float("-inf")).scatter_(
                 1, order, values.masked_fill(~keep, float("-inf"))
             )
-        logits[rows] = cut
+        logits[row_index] = cut
 
     def _draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Inverse-CDF draws: one uniform number per row (not one per vocabulary entry)."""
@@ -117,7 +130,8 @@ class Sampler:
         if not random_rows:
             return tokens
         every_row = len(random_rows) == len(rows)
-        probs = (logits if every_row else logits[random_rows]).softmax(dim=-1)  # [R, V]
+        random_index = _on_device(random_rows, torch.long, self.device)
+        probs = (logits if every_row else logits[random_index]).softmax(dim=-1)  # [R, V]
         cdf = probs.cumsum_(dim=-1)
         uniform = torch.rand(len(random_rows), 1, generator=self._noise, device=self.device)
         for r, i in enumerate(random_rows):
@@ -130,7 +144,7 @@ class Sampler:
         drawn = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[1] - 1)[:, 0]
         if every_row:
             return drawn
-        tokens[random_rows] = drawn
+        tokens[random_index] = drawn
         return tokens
 
     @staticmethod
