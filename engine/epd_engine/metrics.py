@@ -209,4 +209,3 @@ def percentile_90(values: Sequence[float]) -> float:
     if low + 1 >= len(ordered):
         return float(ordered[low])
     return float(ordered[low] + (ordered[low + 1] - ordered[low]) * (rank - low))
-

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from epd_engine.device_copy import to_device
 from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.decode_graphs import DecodeGraphs
@@ -140,7 +141,8 @@ class ModelRunner:
     def read_image(self, blocks: list[int]) -> torch.Tensor:
         """One image's pages as a flat ``[len(blocks) * block_tokens, H]`` view."""
         assert self.image_cache is not None
-        return self.image_cache[blocks].reshape(-1, self.shape.hidden_size)
+        pages = self.image_cache[to_device(blocks, torch.long, self.device)]
+        return pages.reshape(-1, self.shape.hidden_size)
 
     # ---- prefill + decode -------------------------------------------------------------
     @torch.inference_mode()
@@ -187,7 +189,7 @@ class ModelRunner:
         hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written)
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
-        return hidden[last_rows]
+        return hidden[to_device(last_rows, torch.long, self.device)]
 
     def _buffered(self, tasks: list[TokenTask]) -> bool:
         """A decode-only step that fits the persistent buffers."""
@@ -231,7 +233,8 @@ class ModelRunner:
             hidden = self.language(embeds, meta.positions, self.kv_caches, meta, layer_written)
         if all(t.sample for t in tasks):
             return hidden[: fill.num_seqs]
-        return hidden[[i for i, t in enumerate(tasks) if t.sample]]
+        sampling = [i for i, t in enumerate(tasks) if t.sample]
+        return hidden[to_device(sampling, torch.long, self.device)]
 
     @property
     def regions(self) -> CacheRegions:
@@ -304,9 +307,7 @@ class ModelRunner:
         if not rows:
             return
         assert drawn is not None
-        index = torch.tensor([rows, sources], dtype=torch.long)
-        if self.device.type == "cuda":
-            index = index.pin_memory().to(self.device, non_blocking=True)
+        index = to_device([rows, sources], torch.long, self.device)
         ids[index[0]] = drawn[index[1]]
 
     def _mark_inputs_sent(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from epd_engine.device_copy import to_device
 from epd_engine.sampled_batch import SampledBatch
 from epd_engine.sampling import (
     SampledToken,
@@ -27,16 +28,6 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:  # [S, V] -> [S] int64
     """``argmax(dim=-1)``, the same index (the first maximum), 2.3x faster on CPU: torch's
     CPU ``argmax`` is slower than ``max``'s indices (26 vs 11 ms at 256 x 32,064)."""
     return logits.max(dim=-1).indices
-
-
-def _on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on ``device`` without a blocking copy: a blocking host-to-device
-    copy waits for every kernel queued before it (with async scheduling, the step in
-    flight), so a sampling option would have put the host back in step with the GPU."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def seed_for(seed: int, position: int) -> int:
@@ -70,7 +61,7 @@ class Sampler:
             return SampledBatch.copying(_argmax(logits))
         temperatures = [1.0 if p.greedy else p.temperature for p in params]
         if any(t != 1.0 for t in temperatures):
-            logits.div_(_on_device(temperatures, torch.float32, logits.device)[:, None])
+            logits.div_(to_device(temperatures, torch.float32, logits.device)[:, None])
         self._truncate(logits, params)
         tokens = self._draw(logits, rows)  # [S] int64
         if not want_logprobs:
@@ -86,7 +77,7 @@ class Sampler:
                 banned_rows.extend([i] * len(row.spec.eos_token_ids))
                 banned_ids.extend(row.spec.eos_token_ids)
         if banned_rows:
-            index = _on_device([banned_rows, banned_ids], torch.long, logits.device)
+            index = to_device([banned_rows, banned_ids], torch.long, logits.device)
             logits[index[0], index[1]] = float("-inf")
 
     @staticmethod
@@ -104,10 +95,10 @@ class Sampler:
             return
         vocab = logits.shape[1]
         device = logits.device
-        row_index = _on_device(rows, torch.long, device)
+        row_index = to_device(rows, torch.long, device)
         sub = logits[row_index]  # [R, V]
-        top_k = _on_device([params[i].top_k or vocab for i in rows], torch.long, device)
-        top_p = _on_device([params[i].top_p for i in rows], torch.float32, device)
+        top_k = to_device([params[i].top_k or vocab for i in rows], torch.long, device)
+        top_p = to_device([params[i].top_p for i in rows], torch.float32, device)
         width = min(_CANDIDATES, vocab)
         values, order = sub.topk(width, dim=-1)  # [R, width], largest first
         norm = sub.logsumexp(dim=-1, keepdim=True)
@@ -130,7 +121,7 @@ class Sampler:
         if not random_rows:
             return tokens
         every_row = len(random_rows) == len(rows)
-        random_index = _on_device(random_rows, torch.long, self.device)
+        random_index = to_device(random_rows, torch.long, self.device)
         probs = (logits if every_row else logits[random_index]).softmax(dim=-1)  # [R, V]
         cdf = probs.cumsum_(dim=-1)
         uniform = torch.rand(len(random_rows), 1, generator=self._noise, device=self.device)

@@ -9,7 +9,9 @@ ordering across streams is wrong on CUDA.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,3 +94,56 @@ def test_kv_cache_sized_from_gpu_memory(tiny_model_dir: Path) -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     assert blocks > 512  # far more than the CPU default on any datacenter GPU
     assert cache_bytes <= 0.05 * total
+
+
+def test_a_step_ahead_launch_does_not_wait_for_the_gpu(tiny_model_dir: Path) -> None:
+    """With async scheduling a launch must only queue work: a blocking copy or a read-back
+    inside it (``torch.cuda.set_sync_debug_mode``) would make the host wait for the step in
+    flight. Greedy, temperature and min_tokens rows; top-k/top-p rows read one flag back by
+    design (``Sampler._truncate``) and are left out."""
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=tiny_model_dir, role=Role.EPD, device="cuda", token_budget=4096,
+            image_budget=2, num_kv_blocks=256, async_scheduling=True,
+        )
+    )  # fmt: skip
+    launch = engine.runner.launch
+    synced: list[str] = []
+
+    def watched(out: Any, *args: Any, **kwargs: Any) -> Any:
+        decode_only = not out.prefills and not out.encodes
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = launch(out, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        if decode_only:
+            synced.extend(str(w.message) for w in caught)
+        return result
+
+    engine.runner.launch = watched  # type: ignore[method-assign]
+    await_inputs_sent = engine.runner._await_inputs_sent
+
+    def intended_wait() -> None:  # for the last launch's inputs to leave the staging memory
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            await_inputs_sent()
+        finally:
+            torch.cuda.set_sync_debug_mode("warn")
+
+    engine.runner._await_inputs_sent = intended_wait  # type: ignore[method-assign]
+    params = [
+        GREEDY,
+        SamplingParams(max_tokens=12, temperature=0.8, seed=3),
+        SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6),
+    ]
+    for i, (rid, prompt) in enumerate(prompts(tiny_model_dir, engine).items()):
+        engine.add_request(rid, prompt, params[i % 3], frozenset({2}))
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    assert steps > 12
+    assert not synced, synced[:3]
