@@ -40,12 +40,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StageTiming:
-    """One stage of one request on this instance: how long it queued and ran."""
+    """One stage of one request on this instance: how long it queued and ran, and when it
+    became ready here and ended (``time.monotonic()``: comparable across the processes of one
+    host only; the router derives the hops between instances from them, ``router.inflight``)."""
 
     request_id: str
     stage: Stage
     queue_s: float
     exec_s: float
+    ready_at: float | None = None
+    end_at: float | None = None
 
 
 @dataclass
@@ -447,7 +451,9 @@ class LLMEngine:
             started = self._stage_started.pop((request_id, stage), None)
             if started is not None:
                 start_s, queue_s = started
-                stats.stage_timings.append(StageTiming(request_id, stage, queue_s, now - start_s))
+                stats.stage_timings.append(
+                    StageTiming(request_id, stage, queue_s, now - start_s, start_s - queue_s, now)
+                )
                 self._stage_reported.add((request_id, stage))
 
     def _mark_ready(self, request: Request) -> None:

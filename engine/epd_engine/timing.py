@@ -5,12 +5,24 @@ torch is imported only for CUDA timing: the profiler imports this without torch.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+
+@functools.cache
+def clock_domain() -> str:
+    """Processes that report the same value share ``time.monotonic()``: Linux's boot id
+    (CLOCK_MONOTONIC counts from boot, one per host); "" where unknown (never compare)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def best_of(

@@ -19,10 +19,17 @@ next on an instance, for a migrated request when the target queued the offer, so
   leaves the prefill instance as the offer goes out, the second comes after the target's
   queue (``decode_queue``) and one decode step, so hand-off = gap - queue - step;
 - ``request_s``: TTFT minus the time in stages and stage queues before the first token,
-  minus one image offer per image hop before it (router + HTTP + preprocessing). An image
-  offer is not observable apart from it; it is priced as the image pull's protocol latency
-  (one exchange between the same two processes, ``image_handoff_s``), not as the KV hop's
-  ``handoff_s``, which is no offer alone (below);
+  minus the image offers before it (router + HTTP + preprocessing, and the first token's way
+  back). Where the router measured the hops (``hop_image``: the encoder's end to the prefill
+  instance's queue, from both processes' monotonic marks on one host, ``router.inflight``),
+  each request's own is taken off and ``image_handoff_s`` is their distribution; in older
+  reports an image offer is not observable apart from the front, and it is priced as the
+  image pull's protocol latency (one exchange between the same two processes), not as the
+  KV hop's ``handoff_s``, which is no offer alone (below);
+- with measured ``hop_kv`` (prefill end to the decode instance's queue; negative when the
+  early offer came before the prefill ended), ``kv_pull_s`` is only the part of the decode
+  queue after the prefill ended (the rest of the first gap stays in ``handoff_s``: the offer,
+  and the decode instance's relay of its first token, which no mark times);
 - ``step_s``: measured decode seconds per generated token minus the model's decode step;
 - ``encode_s`` / ``export_s``: the ``encode`` stage, and the ``prefill`` stage of a request
   whose KV migrates next (its prefill ran where nothing decodes), minus the runner's step for
@@ -141,7 +148,12 @@ def calibrate(
     kv_pull: list[float] = []
     encode_extra: list[float] = []
     export_extra: list[float] = []
-    before_first: list[tuple[float, int]] = []  # (TTFT outside stages, hops before it)
+    before_first: list[tuple[float, int, float | None]] = []  # (TTFT outside stages, image
+    # hops before it, their measured seconds when the router timed them)
+    image_hops: list[float] = []  # measured hop_image
+    kv_hops: list[float] = []  # measured hop_kv
+    fronts: list[float] = []  # measured front and tail: what request_s holds
+    tails: list[float] = []
     later_tokens = chunks = 0  # tokens after the first, and the chunks they came in
     rerouted = 0
     for r in measured:
@@ -154,9 +166,14 @@ def calibrate(
         if "migration_image" in stages:
             link = cost.migration_s("image", image_tokens)
             pull_extra.append(max(0.0, stages["migration_image"] - link))
+        measured_kv = stages.get("hop_kv") if kv_hop and clean else None
         if kv_hop and clean:
             link = cost.migration_s("kv", kv_tokens)
-            kv_pull.append(max(0.0, stages.get("decode_queue", 0.0) - link))
+            queue = stages.get("decode_queue", 0.0)
+            if measured_kv is not None:  # the queue before the prefill ended is no pull
+                kv_hops.append(measured_kv)
+                queue += min(0.0, measured_kv)
+            kv_pull.append(max(0.0, queue - link))
         if r.num_images and "encode" in stages:
             encode = BatchShape(num_images=r.num_images, image_tokens=image_tokens)
             encode_extra.append(stages["encode"] - cost.runner_step_s(encode))
@@ -179,15 +196,29 @@ def calibrate(
             gaps = r.itl_s[1:] if kv_hop else r.itl_s  # the first gap spans the KV hop
             gap_extra += [max(0.0, gap - model_step) for gap in gaps]
             if kv_hop and r.itl_s and clean:
-                handoff.append(r.itl_s[0] - stages.get("decode_queue", 0.0) - per_token)
+                queue = stages.get("decode_queue", 0.0) + min(0.0, measured_kv or 0.0)
+                handoff.append(r.itl_s[0] - queue - per_token)
         if r.ttft_s is not None and clean:
             staged = sum(stages.get(key, 0.0) for key in _BEFORE_FIRST_TOKEN)
-            before_first.append((r.ttft_s - staged, _hops_before_first_token(r, kv_hop)))
+            hops = _hops_before_first_token(r, kv_hop)
+            hop_s = stages.get("hop_image") if hops == 1 else None
+            before_first.append((r.ttft_s - staged, hops, hop_s))
+            if hop_s is not None:
+                image_hops.append(hop_s)
+            if "front" in stages:
+                fronts.append(stages["front"])
+            if "tail" in stages:
+                tails.append(stages["tail"])
     handoff_s = _median(handoff)
-    # An image hop's offer is priced as its pull (``Overheads.image_handoff_s``): the KV hop's
-    # hand-off, 4.7 ms on 2 cores, is its early offer's race and D's relay, not an offer.
-    image_handoff_s = _median(pull_extra) if pull_extra else handoff_s
-    request_extra = [max(0.0, rest - hops * image_handoff_s) for rest, hops in before_first]
+    # An image hop's offer: as the router measured it, else priced as its pull
+    # (``Overheads.image_handoff_s``): the KV hop's hand-off, 4.7 ms on 2 cores, is its early
+    # offer's race and D's relay, not an offer.
+    image_offers = image_hops or pull_extra or handoff
+    image_handoff_s = _median(image_offers)
+    request_extra = [
+        max(0.0, rest - (hops * image_handoff_s if measured is None else measured))
+        for rest, hops, measured in before_first
+    ]
 
     def per_share(values: Sequence[float]) -> list[float]:
         return [max(0.0, x) / cpu_share for x in values]
@@ -212,7 +243,7 @@ def calibrate(
         handoff_s_quantiles=quantiles(per_share(handoff)),
         pull_s_quantiles=quantiles(per_share(pull_extra)),
         image_handoff_s=image_handoff_s / cpu_share,
-        image_handoff_s_quantiles=quantiles(per_share(pull_extra)),
+        image_handoff_s_quantiles=quantiles(per_share(image_offers)),
         kv_pull_s=_median(kv_pull) / cpu_share,
         kv_pull_s_quantiles=quantiles(per_share(kv_pull)),
         encode_s=max(0.0, _median(encode_extra) - step_s),
@@ -235,5 +266,13 @@ def calibrate(
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
         "silent_tokens": overheads.silent_tokens,
+        # measured by the router on one host (absent in older reports): medians, seconds
+        "measured": {
+            "num_image_hops": len(image_hops),
+            "hop_image_s": _median(image_hops) if image_hops else None,
+            "hop_kv_s": median(kv_hops) if kv_hops else None,
+            "front_s": _median(fronts) if fronts else None,
+            "tail_s": _median(tails) if tails else None,
+        },
     }
     return dataclasses.replace(cost, overheads=overheads, meta=meta)

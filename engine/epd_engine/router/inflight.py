@@ -4,12 +4,17 @@ instance holding it now, the pools it visited, and its latency record."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from epd_engine.server.completions import CompletionRequest
 from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.timing import clock_domain
+
+# Hops between instances, by the stage that ended on the source (``InflightRequest.marks``).
+_HOP_AFTER = {"encode": "hop_image", "prefill": "hop_kv"}
 
 
 @dataclass
@@ -43,6 +48,8 @@ class InflightRequest:
     error: str | None = None
     chunks: asyncio.Queue[ClientChunk] = field(default_factory=asyncio.Queue)
     _pending: list[dict[str, Any]] = field(default_factory=list)  # not yet in order
+    # (instance id, stage) -> [ready_at, end_at], monotonic, from instances in our clock domain
+    marks: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -54,12 +61,58 @@ class InflightRequest:
             return  # a stale path after a retry, or late news
         self._note_location(event)
         self.num_cached_tokens = max(self.num_cached_tokens, event.get("num_cached_tokens") or 0)
-        for timing in event.get("stage_timings") or []:
+        timings = event.get("stage_timings") or []
+        for timing in timings:
             stage = timing["stage"]
             self.stage_s[f"{stage}_queue"] = (
                 self.stage_s.get(f"{stage}_queue", 0) + timing["queue_s"]
             )
             self.stage_s[stage] = self.stage_s.get(stage, 0) + timing["exec_s"]
+            self._mark(event.get("instance_id"), timing)
+        had_first = bool(self.token_times_s)
+        self._apply_tokens(event)
+        if timings or (self.token_times_s and not had_first):
+            self._derive_hops()
+
+    def _mark(self, instance_id: str | None, timing: dict[str, Any]) -> None:
+        """Keep a stage's monotonic marks when its instance shares our clock (one host)."""
+        ready, end = timing.get("ready_at"), timing.get("end_at")
+        clock = clock_domain()
+        if instance_id is None or ready is None or end is None or timing.get("clock") != clock:
+            return
+        if not clock:
+            return
+        mark = self.marks.setdefault((instance_id, timing["stage"]), [ready, end])
+        mark[0], mark[1] = min(mark[0], ready), max(mark[1], end)
+
+    def _derive_hops(self) -> None:
+        """Seconds between the stages of different processes, from their monotonic marks
+        (only marks of instances on the router's host are kept, ``_mark``): ``front``, the
+        router's arrival to the first instance's first stage ready (router, HTTP and that
+        instance's preprocessing); ``hop_image`` / ``hop_kv``, an instance's last stage end
+        (encode / prefill) to the next instance's first stage ready (the hand-off's offer;
+        the pull is in the target's stage queue; an early KV offer can be negative);
+        ``tail``, the end of the stage that sampled the first token to its arrival here."""
+        if len(set(self.instances)) != len(self.instances):  # back to an instance: ambiguous
+            for key in ("front", "tail", *_HOP_AFTER.values()):
+                self.stage_s.pop(key, None)
+            return
+        spans = []  # (first ready, last end, last stage) per instance, in visit order
+        for instance in self.instances:
+            own = [(stage, m) for (i, stage), m in self.marks.items() if i == instance]
+            if not own:
+                return  # not every instance reported (yet)
+            last = max(own, key=lambda sm: sm[1][1])
+            spans.append((min(m[0] for _, m in own), last[1][1], last[0]))
+        self.stage_s["front"] = spans[0][0] - self.arrival_s
+        for (_, end, stage), (ready, _, _) in itertools.pairwise(spans):
+            if hop := _HOP_AFTER.get(stage):
+                self.stage_s[hop] = ready - end
+        prefill_ends = [m[1] for (_, stage), m in self.marks.items() if stage == "prefill"]
+        if self.token_times_s and prefill_ends:
+            self.stage_s["tail"] = self.token_times_s[0] - min(prefill_ends)
+
+    def _apply_tokens(self, event: dict[str, Any]) -> None:
         if migration := event.get("migration"):
             key = f"migration_{migration['kind']}"
             self.stage_s[key] = self.stage_s.get(key, 0) + migration["seconds"]

@@ -15,11 +15,12 @@ import httpx
 
 from epd_engine import startup
 from epd_engine.async_engine import RequestOutput
-from epd_engine.engine import LLMEngine
+from epd_engine.engine import LLMEngine, StageTiming
 from epd_engine.router.policy import InstanceLoad
 from epd_engine.server.auth import TOKEN_HEADER, internal_headers
 from epd_engine.server.event_stream import EventStream
 from epd_engine.server.logprobs import logprob_content
+from epd_engine.timing import clock_domain
 from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,7 @@ class RouterLink:
             "num_cached_tokens": output.num_cached_tokens,
             "finish_reason": output.finish_reason,
             "error": output.error,
-            "stage_timings": [
-                {"stage": t.stage.value, "queue_s": t.queue_s, "exec_s": t.exec_s}
-                for t in output.stage_timings
-            ],
+            "stage_timings": [_timing_json(t) for t in output.stage_timings],
         }
         if output.logprobs and self.token_text is not None:
             content = logprob_content(output.new_token_ids, output.logprobs, self.token_text)
@@ -124,3 +122,16 @@ class RouterLink:
             )
         except httpx.HTTPError as exc:
             log.error("cannot ask the router to retry %s: %r", routing.router_request_id, exc)
+
+
+def _timing_json(timing: StageTiming) -> dict[str, Any]:
+    """One stage's timing for the router; with its monotonic marks and this host's clock
+    domain when known (the router compares marks only within its own domain)."""
+    data: dict[str, Any] = {
+        "stage": timing.stage.value,
+        "queue_s": timing.queue_s,
+        "exec_s": timing.exec_s,
+    }
+    if timing.ready_at is not None and timing.end_at is not None and (clock := clock_domain()):
+        data.update(ready_at=timing.ready_at, end_at=timing.end_at, clock=clock)
+    return data

@@ -315,3 +315,47 @@ def test_calibrated_gaps_are_per_token_when_the_client_saw_fewer_chunks() -> Non
     mean = sum(o.step_s_quantiles) / len(o.step_s_quantiles)
     # 0.5 ms a token (drawn per chunk: 1.7 ms, the silent tokens' steps counted twice)
     assert mean == pytest.approx(sum(token) / len(token), abs=0.00025)
+
+
+def _measured(i: int, hop_image: float, hop_kv: float, **kwargs: float) -> RequestResult:
+    """``_disaggregated`` with the router's measured hops (one host: ``router.inflight``)."""
+    r = _disaggregated(i, image_offer_s=hop_image, **kwargs)
+    stages = dict(r.stage_s or {})
+    stages.update(hop_image=hop_image, hop_kv=hop_kv, front=0.07, tail=0.03)
+    return dataclasses.replace(r, stage_s=stages)
+
+
+def test_a_measured_image_hop_is_taken_off_the_front_as_measured() -> None:
+    """With the hop measured, the image offer is its own distribution (not the pull's) and
+    the request overhead is what is left of each request's TTFT outside the stages."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    results = [_measured(i, hop_image=0.004 + 0.001 * (i % 3), hop_kv=0.0, pull_s=0.01)
+               for i in range(10)]  # fmt: skip
+    calibrated = calibrate(cost, results, cpu_share=2.0)
+    o = calibrated.overheads
+    assert o.request_s == pytest.approx(0.1, abs=1e-9)  # each request's own hop, exactly
+    assert o.image_handoff_s == pytest.approx(0.005 / 2, abs=1e-9)  # per share
+    assert sorted(set(o.image_handoff_s_quantiles)) == pytest.approx([0.002, 0.0025, 0.003])
+    assert o.pull_s == pytest.approx((0.01 - cost.migration_s("image", 0)) / 2, abs=1e-9)
+    measured = calibrated.meta["calibration"]["measured"]
+    assert measured["front_s"] == pytest.approx(0.07) and measured["tail_s"] == pytest.approx(0.03)
+
+
+def test_without_measured_hops_the_image_offer_is_still_priced_as_its_pull() -> None:
+    cost = toy_cost_model(decode_step_s=0.005)
+    calibrated = calibrate(cost, [_disaggregated(i, image_offer_s=0.029) for i in range(10)])
+    assert calibrated.overheads.image_handoff_s == pytest.approx(0.029, abs=1e-6)
+    assert calibrated.meta["calibration"]["measured"]["hop_image_s"] is None
+
+
+def test_a_decode_queue_before_the_prefill_ended_is_no_kv_pull() -> None:
+    """An early KV offer reaches D before the prefill ends (hop_kv < 0): that part of D's
+    queue is the prefill still running; the first gap's rest stays the hand-off."""
+    cost = toy_cost_model(decode_step_s=0.005)
+    link = cost.migration_s("kv", 20)
+    early = calibrate(cost, [_measured(i, 0.004, hop_kv=-0.002) for i in range(10)]).overheads
+    assert early.kv_pull_s == pytest.approx(0.03 + 0.004 - 0.002 - link, abs=1e-6)
+    assert early.handoff_s == pytest.approx(0.02 + 0.002, abs=1e-6)  # the gap is kept whole
+    late = calibrate(cost, [_measured(i, 0.004, hop_kv=0.003) for i in range(10)]).overheads
+    assert late.kv_pull_s == pytest.approx(0.03 + 0.004 - link, abs=1e-6)  # after the offer
+    assert late.handoff_s == pytest.approx(0.02, abs=1e-6)

@@ -125,3 +125,15 @@ async def test_the_event_stream_needs_the_internal_token(http: httpx.AsyncClient
 
     assert response.status_code == 403
     assert request.token_ids == []
+
+
+def test_a_stage_timing_carries_its_marks_and_clock_domain() -> None:
+    from epd_engine.server.router_link import _timing_json
+    from epd_engine.timing import clock_domain
+
+    data = _timing_json(StageTiming("r", Stage.PREFILL, 0.5, 1.0, 10.0, 11.5))
+    assert data["stage"] == "prefill" and data["queue_s"] == 0.5 and data["exec_s"] == 1.0
+    if clock_domain():  # Linux
+        assert (data["ready_at"], data["end_at"], data["clock"]) == (10.0, 11.5, clock_domain())
+    bare = _timing_json(StageTiming("r", Stage.PREFILL, 0.5, 1.0))
+    assert set(bare) == {"stage", "queue_s", "exec_s"}
