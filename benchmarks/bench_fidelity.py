@@ -38,6 +38,7 @@ from epd_engine.bench.report import (
     results_from_report,
     write_report,
 )
+from epd_engine.bench.sweep_merge import merge_sweeps
 from epd_engine.config import SLO
 from epd_engine.plan import Budgets, Plan
 from epd_engine.profiler.calibrate import calibrate
@@ -121,7 +122,9 @@ def bootstrap_p90(results: list[RequestResult], draws: int = 1000) -> dict[str, 
     return {"ttft_p90_s": [ttft[lo], ttft[hi]], "tpot_p90_s": [tpot[lo], tpot[hi]]}
 
 
-def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_real(
+    name: str, manifest: str, args: argparse.Namespace, out: Path, rates: str | None = None
+) -> dict[str, Any]:
     if args.reuse_real and out.exists():
         print(f"reusing {out}")
         return load_report(out)
@@ -129,7 +132,7 @@ def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> d
        "--runs-dir", str(args.runs_dir), "--model-dir", str(args.model_dir))  # fmt: skip
     try:
         sh(*EPDCTL, "bench", "--endpoint", f"http://127.0.0.1:{args.port}/v1",
-           "--trace", str(args.trace_path), "--sweep", args.rates, "--no-progress",
+           "--trace", str(args.trace_path), "--sweep", rates or args.rates, "--no-progress",
            "--warmup", "2",  # first kernels and connections: not what a request costs
            "--tokenizer", str(args.model_dir),  # token-exact prompts, as the simulator counts
            "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
@@ -137,6 +140,27 @@ def run_real(name: str, manifest: str, args: argparse.Namespace, out: Path) -> d
     finally:
         subprocess.run([*EPDCTL, "down", name, "--runs-dir", str(args.runs_dir)], check=False)
     return load_report(out)
+
+
+def run_interleaved(methods: list[str], args: argparse.Namespace) -> None:
+    """Every method at one rate before the next rate (``--interleave``), then one sweep
+    report per method merged from its single-rate ones (``sweep_merge.py``)."""
+    slugs = [m.replace("+", "-").lower() for m in methods]
+    if args.reuse_real and all((args.results / f"real-{s}.json").exists() for s in slugs):
+        return  # merged before
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    parts: dict[str, list[Path]] = {m: [] for m in methods}
+    for rate in rates:
+        for method in methods:
+            slug = method.replace("+", "-").lower()
+            out = args.results / f"real-{slug}-at-{rate}.json"
+            name, _, _ = manifest_plan(MANIFESTS[method], load_cost_model(args.cost_path))
+            run_real(name, MANIFESTS[method], args, out, rates=rate)
+            parts[method].append(out)
+    for method, paths in parts.items():
+        slug = method.replace("+", "-").lower()
+        merged = merge_sweeps([load_report(p) for p in paths])
+        (args.results / f"real-{slug}.json").write_text(json.dumps(merged, indent=1) + "\n")
 
 
 def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Path) -> dict:
@@ -187,6 +211,12 @@ def main() -> None:
         help="calibrate on every rate of the sweep, or only its lowest (unloaded) one",
     )
     parser.add_argument("--reuse-real", action="store_true", help="keep existing real reports")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="measure every method at a rate before the next rate (the host's drift then "
+        "falls between rates, not between the calibrating and the held-out methods)",
+    )
     parser.add_argument("--sim-seeds", type=int, default=9, help="jitter seeds a point simulates")
     parser.add_argument(
         "--host-cores",
@@ -204,6 +234,7 @@ def main() -> None:
         sh(*EPDCTL, "profile-costs", "--model", str(args.model_dir), "--out", str(cost_path),
            "--num-kv-blocks", "256", "--num-image-blocks", "16", "--no-progress")  # fmt: skip
     cost = load_cost_model(cost_path)
+    args.cost_path = cost_path
     args.trace_path = args.results / "trace.jsonl"
     sh(*EPDCTL, "trace", "generate", "--workload", args.workload, "--num", str(args.num),
        "--rate", "1", "--seed", "0", "-o", str(args.trace_path))  # fmt: skip
@@ -211,7 +242,11 @@ def main() -> None:
     rows = []
     started = time.perf_counter()
     calibrated_on = None
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.interleave:
+        run_interleaved(methods, args)
+        args.reuse_real = True  # the merged reports
+    for method in methods:
         name, plan, _ = manifest_plan(MANIFESTS[method], cost)
         slug = method.replace("+", "-").lower()
         real = run_real(name, MANIFESTS[method], args, args.results / f"real-{slug}.json")
