@@ -120,9 +120,9 @@ class Sampler:
         random_rows = [i for i, row in enumerate(rows) if not row.spec.params.greedy]
         if not random_rows:
             return tokens
-        every_row = len(random_rows) == len(rows)
-        random_index = to_device(random_rows, torch.long, self.device)
-        probs = (logits if every_row else logits[random_index]).softmax(dim=-1)  # [R, V]
+        every_row = len(random_rows) == len(rows)  # then no index copy at all
+        random_index = None if every_row else to_device(random_rows, torch.long, self.device)
+        probs = (logits if random_index is None else logits[random_index]).softmax(dim=-1)
         cdf = probs.cumsum_(dim=-1)
         uniform = torch.rand(len(random_rows), 1, generator=self._noise, device=self.device)
         for r, i in enumerate(random_rows):
@@ -133,7 +133,7 @@ class Sampler:
         # 1 - u is in (0, 1]: the first entry whose CDF reaches it has a non-zero probability
         target = (1.0 - uniform) * cdf[:, -1:]
         drawn = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[1] - 1)[:, 0]
-        if every_row:
+        if random_index is None:
             return drawn
         tokens[random_index] = drawn
         return tokens

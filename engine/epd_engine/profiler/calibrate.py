@@ -216,8 +216,8 @@ def calibrate(
     image_offers = image_hops or pull_extra or handoff
     image_handoff_s = _median(image_offers)
     request_extra = [
-        max(0.0, rest - (hops * image_handoff_s if measured is None else measured))
-        for rest, hops, measured in before_first
+        max(0.0, rest - (hops * image_handoff_s if hop_s is None else hop_s))
+        for rest, hops, hop_s in before_first
     ]
 
     def per_share(values: Sequence[float]) -> list[float]:

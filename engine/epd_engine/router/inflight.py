@@ -78,9 +78,9 @@ class InflightRequest:
         """Keep a stage's monotonic marks when its instance shares our clock (one host)."""
         ready, end = timing.get("ready_at"), timing.get("end_at")
         clock = clock_domain()
-        if instance_id is None or ready is None or end is None or timing.get("clock") != clock:
+        if not clock or timing.get("clock") != clock:
             return
-        if not clock:
+        if instance_id is None or ready is None or end is None:
             return
         mark = self.marks.setdefault((instance_id, timing["stage"]), [ready, end])
         mark[0], mark[1] = min(mark[0], ready), max(mark[1], end)
