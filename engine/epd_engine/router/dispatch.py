@@ -100,6 +100,7 @@ class Dispatcher:
             if not request.path or request.path[-1] != target.pool:
                 request.path.append(target.pool)
             try:
+                request.dispatched_s = time.monotonic()
                 response = await self._post_while_up(target, "/internal/requests", payload)
             except (OSError, TimeoutError, h11.ProtocolError) as exc:
                 log.warning("submit to %s failed: %r", target.url, exc)

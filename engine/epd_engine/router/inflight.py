@@ -50,6 +50,7 @@ class InflightRequest:
     _pending: list[dict[str, Any]] = field(default_factory=list)  # not yet in order
     # (instance id, stage) -> [ready_at, end_at], monotonic, from instances in our clock domain
     marks: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    dispatched_s: float | None = None  # monotonic: the router POSTed it to its entry instance
 
     @property
     def finished(self) -> bool:
@@ -92,9 +93,11 @@ class InflightRequest:
         instance's preprocessing); ``hop_image`` / ``hop_kv``, an instance's last stage end
         (encode / prefill) to the next instance's first stage ready (the hand-off's offer;
         the pull is in the target's stage queue; an early KV offer can be negative);
-        ``tail``, the end of the stage that sampled the first token to its arrival here."""
+        ``tail``, the end of the stage that sampled the first token to its arrival here;
+        ``front_router``, the part of ``front`` before the router sent the request on (the
+        rest is the entry instance's: HTTP, preprocessing, tokenizing)."""
         if len(set(self.instances)) != len(self.instances):  # back to an instance: ambiguous
-            for key in ("front", "tail", *_HOP_AFTER.values()):
+            for key in ("front", "front_router", "tail", *_HOP_AFTER.values()):
                 self.stage_s.pop(key, None)
             return
         spans = []  # (first ready, last end, last stage) per instance, in visit order
@@ -105,6 +108,8 @@ class InflightRequest:
             last = max(own, key=lambda sm: sm[1][1])
             spans.append((min(m[0] for _, m in own), last[1][1], last[0]))
         self.stage_s["front"] = spans[0][0] - self.arrival_s
+        if self.dispatched_s is not None:
+            self.stage_s["front_router"] = self.dispatched_s - self.arrival_s
         for (_, end, stage), (ready, _, _) in itertools.pairwise(spans):
             if hop := _HOP_AFTER.get(stage):
                 self.stage_s[hop] = ready - end

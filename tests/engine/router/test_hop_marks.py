@@ -57,6 +57,20 @@ def test_front_and_hops_come_from_the_instances_marks() -> None:
     assert s["encode"] == approx(0.002)  # the sums stay as they were
 
 
+def test_the_front_splits_at_the_routers_post() -> None:
+    """The front's router part ends when the router POSTed the request on; without that
+    mark (a request from before it) the front is not split."""
+    t0 = time.monotonic() - 1.0
+    request = _request(t0)
+    request.dispatched_s = t0 + 0.0004
+    _e_p_d(request, t0)
+    assert request.stage_s["front_router"] == approx(0.0004)
+    assert request.stage_s["front"] == approx(0.010)
+    unsplit = _request(t0)
+    _e_p_d(unsplit, t0)
+    assert "front_router" not in unsplit.stage_s
+
+
 def test_an_instance_that_does_two_stages_hops_after_its_last() -> None:
     t0 = time.monotonic() - 1.0
     request = _request(t0)
@@ -89,10 +103,12 @@ def test_timings_without_marks_derive_nothing() -> None:
 def test_a_path_back_to_an_instance_is_not_read_as_hops() -> None:
     t0 = time.monotonic() - 1.0
     request = _request(t0)
+    request.dispatched_s = t0 + 0.001
     request.apply(_event("a", "encode", t0 + 0.010, t0 + 0.012))
     request.apply(_event("b", "prefill", t0 + 0.015, t0 + 0.020))
     request.apply(_event("a", "decode", t0 + 0.025, t0 + 0.050, 1, "stop"))
     assert "hop_image" not in request.stage_s and "front" not in request.stage_s
+    assert "front_router" not in request.stage_s
 
 
 def approx(x: float) -> Any:
