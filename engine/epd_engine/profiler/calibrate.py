@@ -60,6 +60,7 @@ from statistics import median
 
 from epd_engine.bench.metrics import RequestResult
 from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, Overheads
+from epd_engine.profiler.front_contention import front_contention
 
 # Before the first token; prefill_queue already holds the image pull (see above).
 _BEFORE_FIRST_TOKEN = ("encode_queue", "encode", "prefill_queue", "prefill")
@@ -153,6 +154,7 @@ def calibrate(
     image_hops: list[float] = []  # measured hop_image
     kv_hops: list[float] = []  # measured hop_kv
     fronts: list[float] = []  # measured front and tail: what request_s holds
+    routed: list[float] = []  # the front's part in the router (the rest is the instance's)
     tails: list[float] = []
     later_tokens = chunks = 0  # tokens after the first, and the chunks they came in
     rerouted = 0
@@ -207,6 +209,8 @@ def calibrate(
                 image_hops.append(hop_s)
             if "front" in stages:
                 fronts.append(stages["front"])
+            if "front_router" in stages:
+                routed.append(stages["front_router"])
             if "tail" in stages:
                 tails.append(stages["tail"])
     handoff_s = _median(handoff)
@@ -229,6 +233,7 @@ def calibrate(
     step_s = _median(step_extra)
     silent = 1.0 - chunks / later_tokens if later_tokens else 0.0
     gap_overheads = [max(0.0, x) for x in gap_extra]
+    contention = front_contention(results)  # each request's decode competes, stages or not
     overheads = Overheads(
         request_s=_median(request_extra),
         step_s=step_s,
@@ -249,6 +254,7 @@ def calibrate(
         encode_s=max(0.0, _median(encode_extra) - step_s),
         export_s=max(0.0, _median(export_extra) - step_s),
         silent_tokens=silent,
+        front_contention=contention or 0.0,
     )
     meta = dict(cost.meta)
     meta["calibration"] = {
@@ -266,12 +272,14 @@ def calibrate(
         "encode_s": overheads.encode_s,
         "export_s": overheads.export_s,
         "silent_tokens": overheads.silent_tokens,
+        "front_contention": contention,  # None: too few measured fronts overlapped a decode
         # measured by the router on one host (absent in older reports): medians, seconds
         "measured": {
             "num_image_hops": len(image_hops),
             "hop_image_s": _median(image_hops) if image_hops else None,
             "hop_kv_s": median(kv_hops) if kv_hops else None,
             "front_s": _median(fronts) if fronts else None,
+            "front_router_s": _median(routed) if routed else None,
             "tail_s": _median(tails) if tails else None,
         },
     }

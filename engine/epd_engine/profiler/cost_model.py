@@ -216,6 +216,11 @@ class Overheads:
     # holds it back): no gap of their own, their time folds into the next (``tracker``).
     # Tiny-llava: 14%, so a 12-token reply shows 9 gaps and its p90 gap is the KV hop.
     silent_tokens: float = 0.0
+    # Shared host: seconds a request's front grows per second of iterations running on the
+    # host while it runs (CPU contention; ``front_contention``). An iteration in the front's
+    # own process also runs at half speed meanwhile (the GIL: in-front decode gaps in EPD
+    # were 2.1 ms against 1.0 without), which needs no calibration (``simulator``).
+    front_contention: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,7 @@ class FittedCostModel:
 
 def _overheads(data: dict[str, Any]) -> Overheads:
     names = ("request_s", "step_s", "handoff_s", "pull_s", "kv_pull_s", "image_handoff_s")
-    fixed = ("encode_s", "export_s", "silent_tokens")  # no quantiles
+    fixed = ("encode_s", "export_s", "silent_tokens", "front_contention")  # no quantiles
     known = {*names, *fixed, *(f"{n}_quantiles" for n in names)}
     if set(data) - known:
         raise TypeError(f"unknown overheads fields {sorted(set(data) - known)}")

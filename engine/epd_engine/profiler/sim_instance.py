@@ -58,6 +58,11 @@ class SimInstance:
     num_incoming: int = 0  # migrations on their way here: queued in the real protocol's step 1
     handed_off: set[str] = field(default_factory=set)  # migrating requests already dispatched
     busy_s: float = 0.0
+    step_end: float = 0.0  # when the iteration in flight ends
+    # Shared host: when the front (preprocessing) running in this process ends; iterations
+    # started before then share the process with it and push it back (``simulator``).
+    front_until: float = 0.0
+    front_index: int = -1  # the request whose front that is
     _load: InstanceLoad | None = None
 
     @property

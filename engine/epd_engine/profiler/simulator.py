@@ -35,7 +35,7 @@ from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidate
 from epd_engine.scheduler.output import PullTask
 from epd_engine.trace import TraceRecord
 
-_ARRIVE, _STEP, _OFFER, _PULLED, _DEADLINE = range(5)
+_ARRIVE, _STEP, _OFFER, _PULLED, _DEADLINE, _FRONT = range(6)
 _ENCODE, _PREFILL, _DECODE = Stage.ENCODE.value, Stage.PREFILL.value, Stage.DECODE.value
 
 
@@ -128,6 +128,10 @@ class _Run:
         self.sources: dict[tuple[int, str], int] = {}  # (target, request id) -> source index
         self.heap: list[tuple[float, int, int, int, str]] = []
         self.num_busy = 0  # instances mid-iteration (for host_cores sharing)
+        self.shared_host = bool(sim.host_cores)
+        self.front_work: dict[int, float] = {}  # request index -> its front's seconds alone
+        self.entry_of: dict[int, SimInstance] = {}  # request index -> where its front runs
+        self.host_front: SimInstance | None = None  # the instance running the host's front
         self.seq = 0
         self.num_steps = 0
 
@@ -142,20 +146,25 @@ class _Run:
         # On a shared host a request's front work (router, HTTP, preprocessing) waits for the
         # previous one's: 2 cores, 5 processes. Measured: TTFT outside the stages is 4-7 ms
         # longer (median) when the previous request came < 40 ms before; one FIFO front
-        # with the calibrated overhead reproduces it. With own devices they overlap.
-        serial = bool(self.sim.host_cores)
-        free_s = 0.0
-        for index in sorted(range(len(self.records)), key=lambda i: self.records[i].arrival_s):
-            record = self.records[index]
-            start = max(record.arrival_s, free_s) if serial else record.arrival_s
-            free_s = start + self.jitter.request_s()
-            self.push(free_s, _ARRIVE, index)
+        # with the calibrated overhead reproduces it (``front``). With own devices they
+        # overlap. The draws come first, in arrival order: a seed gives the same fronts.
+        order = sorted(range(len(self.records)), key=lambda i: self.records[i].arrival_s)
+        for index in order:
+            self.front_work[index] = self.jitter.request_s()
+        for index in order:
+            arrival_s = self.records[index].arrival_s
+            if self.shared_host:
+                self.push(arrival_s, _FRONT, index)
+            else:
+                self.push(arrival_s + self.front_work[index], _ARRIVE, index)
         now = 0.0
         stopped = False
         while self.heap:
             now, _, kind, index, key = heapq.heappop(self.heap)
             if kind == _ARRIVE:
                 self.arrive(index, now)
+            elif kind == _FRONT:
+                self.front(index, now)
             elif kind == _STEP:
                 self.finish_step(self.instances[index], now)
             elif kind == _OFFER:
@@ -174,15 +183,48 @@ class _Run:
         return SimResult(self.track.results(reason), stopped, self.num_steps, now, busy)
 
     # ---- events ---------------------------------------------------------------------------
-    def arrive(self, index: int, now: float) -> None:
-        record = self.records[index]
-        candidates = self.entry[bool(record.images)]
+    def front(self, index: int, now: float) -> None:
+        """Shared host: a request's front starts once the previous one's is done (one FIFO),
+        on the entry instance the router picks now. Iterations on the host meanwhile stretch
+        it by the calibrated ``front_contention`` (those already running by what is left of
+        them, later ones in ``kick``)."""
+        if self.host_front is not None and self.host_front.front_until > now:
+            self.push(self.host_front.front_until, _FRONT, index)  # FIFO: ties keep order
+            return
+        inst = self.choose_entry(index, now)
+        if inst is None:
+            return
+        work = self.front_work[index]
+        contention = self.cost.overheads.front_contention
+        running = sum(min(work, i.step_end - now) for i in self.instances if i.step is not None)
+        inst.front_until = now + work + contention * running
+        inst.front_index = index
+        self.host_front = inst
+        self.entry_of[index] = inst
+        self.push(inst.front_until, _ARRIVE, index)
+
+    def choose_entry(self, index: int, now: float) -> SimInstance | None:
+        candidates = self.entry[bool(self.records[index].images)]
         if not candidates:
             self.track.fail(index, now, f"plan {self.sim.plan.describe()} has no entry pool")
-            return
+            return None
         loads = [c.load() for c in candidates]
-        chosen = self.sim.policy.choose(loads)
-        inst = candidates[loads.index(chosen)]
+        return candidates[loads.index(self.sim.policy.choose(loads))]
+
+    def arrive(self, index: int, now: float) -> None:
+        """The request's front is done: it queues on its entry instance."""
+        record = self.records[index]
+        if self.shared_host:
+            inst = self.entry_of[index]
+            if inst.front_index == index and inst.front_until > now:  # iterations stretched it
+                self.push(inst.front_until, _ARRIVE, index)
+                return
+            del self.entry_of[index]
+        else:
+            chosen = self.choose_entry(index, now)
+            if chosen is None:
+                return
+            inst = chosen
         request = self.factory.make(index, record)
         try:
             inst.scheduler.add(request)
@@ -217,6 +259,14 @@ class _Run:
         self.num_busy += 1
         if self.sim.host_cores:  # processor sharing, fixed at the iteration's start
             step_s *= max(1.0, self.num_busy / self.sim.host_cores)
+        if (front := self.host_front) is not None and front.front_until > now:
+            # A front runs on the host: it slows by the CPU this iteration takes; in its own
+            # process, the iteration runs at half speed while they overlap (the GIL).
+            overlap = min(step_s, front.front_until - now)
+            if front is inst:
+                step_s += overlap
+            front.front_until += self.cost.overheads.front_contention * overlap
+        inst.step_end = now + step_s
         inst.step = out
         inst.busy_s += step_s
         for encode in out.encodes:
