@@ -136,6 +136,9 @@ class EngineConfig:
     # launch the next step before reading this one's tokens back (engine_inflight.py); off by
     # default: it pays only where a device runs the step while the host prepares the next
     async_scheduling: bool = False
+    # image decoding, chat template and tokenizing in this many worker processes, off the
+    # engine's GIL (server/preprocess_pool.py); 0: in a thread of the instance's process
+    preprocess_workers: int = 0
     cpu_threads: int = (
         1  # per instance; several instances share the cores, oversubscribing is 20x slower
     )
@@ -178,6 +181,8 @@ class EngineConfig:
             )
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.preprocess_workers < 0:
+            raise ValueError(f"preprocess_workers must be >= 0, got {self.preprocess_workers}")
 
     @property
     def model_name(self) -> str:

@@ -13,6 +13,10 @@ class ClientError(Exception):
         self.param = param
         self.code = code
 
+    def __reduce__(self) -> tuple[type[ClientError], tuple[str, str | None, str | None]]:
+        # raised in a preprocessing worker process: comes back with its param and code
+        return (type(self), (self.message, self.param, self.code))
+
 
 class ModelNotFound(ClientError):
     status_code = 404

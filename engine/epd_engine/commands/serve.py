@@ -39,6 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run decode steps eagerly (graphs are only used on CUDA with FlashInfer)",
     )
     p.add_argument(
+        "--preprocess-workers",
+        type=int,
+        default=0,
+        help="decode images and run the processor (chat template, tokenizer) in this many "
+        "worker processes, so a request's preprocessing does not stall the engine's steps "
+        "(one GIL); 0 (default): in a thread of the instance's process",
+    )
+    p.add_argument(
         "--async-scheduling",
         action="store_true",
         help="schedule and launch step N+1 while step N runs on the GPU, its tokens read back "
@@ -151,6 +159,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             attention_backend=args.attention_backend,
             cuda_graphs=args.cuda_graphs,
             async_scheduling=args.async_scheduling,
+            preprocess_workers=args.preprocess_workers,
             kv_block_size=args.kv_block_size,
             num_kv_blocks=args.num_kv_blocks,
             gpu_memory_fraction=args.gpu_memory_fraction,

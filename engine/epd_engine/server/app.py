@@ -23,6 +23,7 @@ from epd_engine.server.errors import install_error_handlers
 from epd_engine.server.limits import BodySizeLimit
 from epd_engine.server.logprobs import token_text_of
 from epd_engine.server.migration import MigrationManager
+from epd_engine.server.preprocess_pool import PreprocessPool
 from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import Exports
@@ -114,6 +115,16 @@ def _connect_router(
     return link
 
 
+def _preprocess_pool(config: EngineConfig, engine: LLMEngine) -> PreprocessPool | None:
+    """The worker processes for preprocessing, started (each loads the processor) before
+    the instance reports ready; None when it preprocesses in its own process."""
+    if not config.preprocess_workers:
+        return None
+    pool = PreprocessPool(config.model_dir, engine.model_config, config.preprocess_workers)
+    pool.warm_up()
+    return pool
+
+
 def create_app(settings: ServerSettings) -> FastAPI:
     config = settings.engine
 
@@ -125,9 +136,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         engine = LLMEngine(config, memory)
         processor = InputProcessor(config.model_dir, engine.model_config)
         async_engine = AsyncEngine(engine, processor.decode, _step_recorder(metrics, engine))
+        preprocess = _preprocess_pool(config, engine)
         startup.mark("engine_built")
         async with httpx.AsyncClient() as http:
             state = InstanceState(config, async_engine, processor, metrics, http)
+            state.preprocess = preprocess
             app.state.instance = state
             link = _connect_router(settings, state, memory) if memory is not None else None
             async_engine.start()
@@ -145,6 +158,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 if state.migration is not None:
                     await state.migration.close()
                 async_engine.stop()
+                if preprocess is not None:
+                    preprocess.close()
 
     # no generated API docs: they listed every internal route and its schema to anyone
     app = FastAPI(

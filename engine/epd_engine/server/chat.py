@@ -14,6 +14,7 @@ from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.remote_images import RemoteImagePolicy, fetch_image
 from epd_engine.sampling import SamplingParams
 from epd_engine.server.completions import CompletionRequest
+from epd_engine.server.preprocess_pool import PreprocessPool
 from epd_engine.server.protocol import ChatCompletionRequest, ImagePart
 from epd_engine.server.validation import (
     check_chat_request,
@@ -31,9 +32,11 @@ async def fetch_image_bytes(url: str, http: httpx.AsyncClient, config: EngineCon
     return await fetch_image(url, policy, http)
 
 
-async def load_images(
+async def fetch_images(
     request: ChatCompletionRequest, http: httpx.AsyncClient, config: EngineConfig
-) -> list[LoadedImage]:
+) -> tuple[list[bytes], ImageLimits]:
+    """The request's image bytes, fetched and checked against the limits from their headers
+    (nothing decoded yet), and the limits their decoding must keep to."""
     num_images = request.num_images()
     if num_images > config.max_images_per_request:
         raise ClientError(
@@ -53,6 +56,13 @@ async def load_images(
             f"the request's images have {total} pixels; at most {limits.max_request_pixels}",
             param="messages",
         )
+    return blobs, limits
+
+
+async def load_images(
+    request: ChatCompletionRequest, http: httpx.AsyncClient, config: EngineConfig
+) -> list[LoadedImage]:
+    blobs, limits = await fetch_images(request, http, config)
     return await asyncio.to_thread(lambda: [load_image(b, limits) for b in blobs])
 
 
@@ -112,7 +122,10 @@ async def prepare(
     http: httpx.AsyncClient,
     config: EngineConfig,
     max_model_len: int,
+    pool: PreprocessPool | None = None,
 ) -> tuple[PreparedPrompt, SamplingParams]:
+    """``pool``: decode images and run the processor in its worker processes (else in a
+    thread of this one)."""
     max_prompt_tokens = prompt_token_limit(config.max_prompt_tokens, max_model_len)
     if isinstance(request, CompletionRequest):
         check_completion_request(request, max_prompt_tokens)
@@ -121,8 +134,12 @@ async def prepare(
         return prompt, sampling_params(request, len(prompt.token_ids), max_model_len)
     check_chat_request(request)
     check_prompt_chars(request, max_prompt_tokens)
-    images = await load_images(request, http, config)
-    prompt = await asyncio.to_thread(processor.prepare, hf_messages(request), images)
+    if pool is None:
+        images = await load_images(request, http, config)
+        prompt = await asyncio.to_thread(processor.prepare, hf_messages(request), images)
+    else:
+        blobs, limits = await fetch_images(request, http, config)
+        prompt = await pool.prepare(hf_messages(request), blobs, limits)
     if config.max_prompt_tokens is not None:  # else the context window check below says it
         check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)
     params = sampling_params(request, len(prompt.token_ids), max_model_len)

@@ -48,7 +48,12 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         raise ClientError("this instance has no router link")
     engine = state.engine
     prompt, params = await prepare(
-        payload.body, state.processor, state.http, state.config, engine.engine.max_model_len
+        payload.body,
+        state.processor,
+        state.http,
+        state.config,
+        engine.engine.max_model_len,
+        state.preprocess,
     )
     routing = payload.routing
     link = state.migration.link

@@ -114,7 +114,12 @@ async def _serve(
     check_role_serves(state.config.role, body.num_images() > 0)
     timer = _Timer(state)
     prompt, params = await prepare(
-        body, state.processor, state.http, state.config, state.engine.engine.max_model_len
+        body,
+        state.processor,
+        state.http,
+        state.config,
+        state.engine.engine.max_model_len,
+        state.preprocess,
     )
     request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     outputs = state.engine.generate(

@@ -11,6 +11,7 @@ from epd_engine.config import EngineConfig
 from epd_engine.metrics import Metrics
 from epd_engine.processor import InputProcessor
 from epd_engine.server.migration import MigrationManager
+from epd_engine.server.preprocess_pool import PreprocessPool
 
 
 @dataclass
@@ -21,4 +22,5 @@ class InstanceState:
     metrics: Metrics
     http: httpx.AsyncClient
     migration: MigrationManager | None = None  # set when a router owns this instance
+    preprocess: PreprocessPool | None = None  # worker processes for images and the processor
     ready: bool = False
