@@ -81,14 +81,18 @@ class Sampler:
             logits[index[0], index[1]] = float("-inf")
 
     @staticmethod
-    def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+    def _truncate(
+        logits: torch.Tensor, params: list[SamplingParams], sort_rows: bool | None = None
+    ) -> None:
         """Set logits outside each row's top-k / top-p set to -inf (rows that ask only).
 
-        A full-vocabulary sort is slow (most of a CPU step at batch 256), so the candidates
-        are the ``_CANDIDATES`` largest logits first; only rows whose top-k / top-p set
-        reaches beyond them (flat distributions) pay for the sort. Finding those rows reads
-        one flag per row back from the device: the one wait for the GPU left in sampling
-        (only in steps with a top-k / top-p row).
+        On a CPU a full-vocabulary sort is slow (most of a step at batch 256), so the
+        candidates are the ``_CANDIDATES`` largest logits first; only rows whose top-k /
+        top-p set reaches beyond them (flat distributions) pay for the sort. Finding those
+        rows reads one flag per row back. On a GPU that read-back would make the host wait
+        for the step (and an async launch for the step in flight), while sorting every row
+        on the device costs a fraction of a step: ``sort_rows`` (default: on a GPU) sorts
+        them all and reads nothing back.
         """
         rows = [i for i, p in enumerate(params) if not p.greedy and (p.top_k or p.top_p < 1.0)]
         if not rows:
@@ -99,19 +103,18 @@ class Sampler:
         sub = logits[row_index]  # [R, V]
         top_k = to_device([params[i].top_k or vocab for i in rows], torch.long, device)
         top_p = to_device([params[i].top_p for i in rows], torch.float32, device)
-        width = min(_CANDIDATES, vocab)
-        values, order = sub.topk(width, dim=-1)  # [R, width], largest first
         norm = sub.logsumexp(dim=-1, keepdim=True)
+        width = min(_CANDIDATES, vocab)
+        if logits.is_cuda if sort_rows is None else sort_rows:
+            width = vocab
+        values, order = sub.topk(width, dim=-1)  # [R, width], largest first
         keep, inside = _nucleus(values, norm, top_k, top_p, vocab)
-        cut = torch.full_like(sub, float("-inf"))
-        cut.scatter_(1, order, values.masked_fill(~keep, float("-inf")))
+        cut = _cut(sub, values, order, keep)
         outside = (~inside).nonzero().flatten().tolist() if width < vocab else []
         if outside:  # the set reaches past the candidates: sort those rows in full
             values, order = sub[outside].sort(dim=-1, descending=True)
             keep, _ = _nucleus(values, norm[outside], top_k[outside], top_p[outside], vocab)
-            cut[outside] = torch.full_like(values, float("-inf")).scatter_(
-                1, order, values.masked_fill(~keep, float("-inf"))
-            )
+            cut[outside] = _cut(sub[outside], values, order, keep)
         logits[row_index] = cut
 
     def _draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -160,6 +163,15 @@ class Sampler:
             top = tuple((int(ids[j]), values[j]) for j in range(p.top_logprobs))
             out.append(SampledToken(token, TokenLogprobs(line[1], top)))
         return out
+
+
+def _cut(
+    rows: torch.Tensor, values: torch.Tensor, order: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """``rows`` [R, V] with -inf everywhere but the kept ``values`` (at their ``order``)."""
+    return torch.full_like(rows, float("-inf")).scatter_(
+        1, order, values.masked_fill(~keep, float("-inf"))
+    )
 
 
 def _nucleus(

@@ -99,8 +99,8 @@ def test_kv_cache_sized_from_gpu_memory(tiny_model_dir: Path) -> None:
 def test_a_step_ahead_launch_does_not_wait_for_the_gpu(tiny_model_dir: Path) -> None:
     """With async scheduling a launch must only queue work: a blocking copy or a read-back
     inside it (``torch.cuda.set_sync_debug_mode``) would make the host wait for the step in
-    flight. Greedy, temperature and min_tokens rows; top-k/top-p rows read one flag back by
-    design (``Sampler._truncate``) and are left out."""
+    flight. Greedy, temperature, min_tokens and top-k/top-p rows (on a GPU ``_truncate``
+    sorts every such row on the device instead of reading a flag back)."""
     engine = LLMEngine(
         EngineConfig(
             model_dir=tiny_model_dir, role=Role.EPD, device="cuda", token_budget=4096,
@@ -138,9 +138,10 @@ def test_a_step_ahead_launch_does_not_wait_for_the_gpu(tiny_model_dir: Path) -> 
         GREEDY,
         SamplingParams(max_tokens=12, temperature=0.8, seed=3),
         SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6),
+        SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.8, seed=5),
     ]
     for i, (rid, prompt) in enumerate(prompts(tiny_model_dir, engine).items()):
-        engine.add_request(rid, prompt, params[i % 3], frozenset({2}))
+        engine.add_request(rid, prompt, params[i % len(params)], frozenset({2}))
     steps = 0
     while engine.has_work():
         engine.step()

@@ -198,12 +198,16 @@ def reference_cut(row: torch.Tensor, top_k: int, top_p: float) -> set[int]:
         (50, 1.0, 0.1),
     ],
 )
-def test_top_k_top_p_sets_equal_a_full_sort_on_a_large_vocabulary(top_k, top_p, spread):
+@pytest.mark.parametrize("sort_rows", [False, True], ids=["candidates", "sorted-on-device"])
+def test_top_k_top_p_sets_equal_a_full_sort_on_a_large_vocabulary(top_k, top_p, spread, sort_rows):
+    """Both paths: the CPU's candidates first, and the GPU's sort of every row (no flag read
+    back), here forced on a CPU tensor."""
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(3, 5000, generator=gen) * spread
     params = [SamplingParams(top_k=top_k, top_p=top_p)] * 3
     cut = logits.clone()
-    Sampler._truncate(cut, params)
+    Sampler._truncate(cut, params, sort_rows=sort_rows)
     for row in range(3):
         kept = set(torch.isfinite(cut[row]).nonzero().flatten().tolist())
         assert kept == reference_cut(logits[row], top_k, top_p)
+        assert torch.equal(cut[row][list(kept)], logits[row][list(kept)])
