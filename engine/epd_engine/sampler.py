@@ -104,9 +104,9 @@ class Sampler:
         top_k = to_device([params[i].top_k or vocab for i in rows], torch.long, device)
         top_p = to_device([params[i].top_p for i in rows], torch.float32, device)
         norm = sub.logsumexp(dim=-1, keepdim=True)
-        width = min(_CANDIDATES, vocab)
-        if logits.is_cuda if sort_rows is None else sort_rows:
-            width = vocab
+        if sort_rows is None:
+            sort_rows = logits.is_cuda
+        width = vocab if sort_rows else min(_CANDIDATES, vocab)
         values, order = sub.topk(width, dim=-1)  # [R, width], largest first
         keep, inside = _nucleus(values, norm, top_k, top_p, vocab)
         cut = _cut(sub, values, order, keep)

@@ -36,8 +36,7 @@ def front_contention(results: Sequence[RequestResult]) -> float | None:
             front = (r.stage_s or {}).get("front")
             if index == 0 or front is None:
                 continue
-            others = run[:index] + run[index + 1 :]
-            decoding, before_first = _overlaps(others, r.arrival_s, r.arrival_s + front)
+            decoding, before_first = _overlaps(run, r, r.arrival_s + front)
             rows.append((1.0, min(decoding, front), min(before_first, front)))
             fronts.append(front)
     if sum(1 for _, decoding, _ in rows if decoding > 0) < MIN_OVERLAPPED:
@@ -55,11 +54,15 @@ def _runs(results: Sequence[RequestResult]) -> list[list[RequestResult]]:
     return runs
 
 
-def _overlaps(others: Sequence[RequestResult], start: float, end: float) -> tuple[float, float]:
-    """Seconds of ``[start, end]`` the others spent decoding, and before their first token."""
+def _overlaps(
+    run: Sequence[RequestResult], probe: RequestResult, end: float
+) -> tuple[float, float]:
+    """Seconds from ``probe``'s arrival to ``end`` the rest of ``run`` spent decoding, and
+    before their first token."""
+    start = probe.arrival_s
     decoding = before_first = 0.0
-    for o in others:
-        if o.ttft_s is None or o.e2e_s is None:
+    for o in run:
+        if o is probe or o.ttft_s is None or o.e2e_s is None:
             continue
         first, done = o.arrival_s + o.ttft_s, o.arrival_s + o.e2e_s
         decoding += max(0.0, min(done, end) - max(first, start))

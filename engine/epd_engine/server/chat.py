@@ -9,12 +9,12 @@ import httpx
 
 from epd_engine.config import EngineConfig
 from epd_engine.errors import ClientError
-from epd_engine.images import ImageLimits, LoadedImage, decode_data_url, load_image, probe
+from epd_engine.images import ImageLimits, decode_data_url, probe
 from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.remote_images import RemoteImagePolicy, fetch_image
 from epd_engine.sampling import SamplingParams
 from epd_engine.server.completions import CompletionRequest
-from epd_engine.server.preprocess_pool import PreprocessPool
+from epd_engine.server.preprocess_pool import PreprocessPool, decode_and_prepare
 from epd_engine.server.protocol import ChatCompletionRequest, ImagePart
 from epd_engine.server.validation import (
     check_chat_request,
@@ -57,13 +57,6 @@ async def fetch_images(
             param="messages",
         )
     return blobs, limits
-
-
-async def load_images(
-    request: ChatCompletionRequest, http: httpx.AsyncClient, config: EngineConfig
-) -> list[LoadedImage]:
-    blobs, limits = await fetch_images(request, http, config)
-    return await asyncio.to_thread(lambda: [load_image(b, limits) for b in blobs])
 
 
 def hf_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -134,11 +127,11 @@ async def prepare(
         return prompt, sampling_params(request, len(prompt.token_ids), max_model_len)
     check_chat_request(request)
     check_prompt_chars(request, max_prompt_tokens)
+    blobs, limits = await fetch_images(request, http, config)
     if pool is None:
-        images = await load_images(request, http, config)
-        prompt = await asyncio.to_thread(processor.prepare, hf_messages(request), images)
+        messages = hf_messages(request)
+        prompt = await asyncio.to_thread(decode_and_prepare, processor, messages, blobs, limits)
     else:
-        blobs, limits = await fetch_images(request, http, config)
         prompt = await pool.prepare(hf_messages(request), blobs, limits)
     if config.max_prompt_tokens is not None:  # else the context window check below says it
         check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)

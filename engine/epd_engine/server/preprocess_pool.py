@@ -32,12 +32,22 @@ def _start_worker(model_dir: Path, model_config: ModelConfig) -> None:
     _processor = InputProcessor(model_dir, model_config)
 
 
+def decode_and_prepare(
+    processor: InputProcessor,
+    messages: list[dict[str, Any]],
+    blobs: list[bytes],
+    limits: ImageLimits,
+) -> PreparedPrompt:
+    """A chat prompt's CPU work: decode its images, then run the processor (in a thread of
+    the instance, or in a worker of the pool)."""
+    return processor.prepare(messages, [load_image(blob, limits) for blob in blobs])
+
+
 def _prepare(
     messages: list[dict[str, Any]], blobs: list[bytes], limits: ImageLimits
 ) -> PreparedPrompt:
     assert _processor is not None, "worker not started"
-    images = [load_image(blob, limits) for blob in blobs]
-    return _processor.prepare(messages, images)
+    return decode_and_prepare(_processor, messages, blobs, limits)
 
 
 class PreprocessPool:
