@@ -219,7 +219,7 @@ class Overheads:
     # Shared host: seconds a request's front grows per second of iterations running on the
     # host while it runs (CPU contention; ``front_contention``). An iteration in the front's
     # own process also runs at half speed meanwhile (the GIL: in-front decode gaps in EPD
-    # were 2.1 ms against 1.0 without), which needs no calibration (``simulator``).
+    # averaged 1.7-3.3 ms against 0.9-1.2 without), which needs no calibration (``simulator``).
     front_contention: float = 0.0
 
 

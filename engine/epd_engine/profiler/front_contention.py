@@ -2,12 +2,12 @@
 while other requests decode on the same host, read off one measured run.
 
 On a shared host the front is CPU work competing with every other process. In 2-core runs
-of tiny-llava (150-200 requests a rate, three methods, two sweeps) a least-squares fit of
+of tiny-llava (150-200 requests a rate, three methods, five windows) a least-squares fit of
 the measured front on the time other requests spent decoding inside it, and on the time
-they spent before their first token inside it, gave 0.18-0.28 seconds of front per second
+they spent before their first token inside it, gave 0.13-0.41 seconds of front per second
 of decoding in E+P+D and EP+D, 0.22-0.52 in EPD (decode in the front's own process), and
-0.43-0.60 for the requests before their first token (the simulator's FIFO front models
-those). E+P+D's lowest rate alone gave 0.20 in three separate runs.
+0.3-0.6 for the requests before their first token (the simulator's FIFO front models
+those). E+P+D's lowest rate alone gave 0.20, 0.20, 0.23, 0.25 and 0.35.
 """
 
 from __future__ import annotations
