@@ -109,10 +109,13 @@ def observe_rollout(
             "generation": obj["metadata"]["generation"],
         }
         snapshots.append(snap)
+        # Stop once even the listing *before* the status read lacks the old pools: stopping on
+        # the one after left no snapshot that saw them gone whenever they went between the
+        # two listings of the last one (the ordering check below then had nothing to find).
         if (
             snap["generation_seen"] == snap["generation"]
             and snap["progressing"] == "RolloutComplete"
-            and set(after).isdisjoint(old_pools)
+            and set(before).isdisjoint(old_pools)
         ):
             break
         time.sleep(0.1)
