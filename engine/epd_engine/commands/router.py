@@ -82,6 +82,6 @@ def run(args: argparse.Namespace) -> int:
             "the router needs the deployment's secret in EPD_INTERNAL_TOKEN (instances register "
             "with it); `epdctl up` and the operator set it"
         )
-    app = create_app(settings_from(args))
+    app = create_app(settings_from(args), freeze_heap=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -234,5 +234,10 @@ def run(args: argparse.Namespace) -> int:
         kv_layers_per_group=args.kv_layers_per_group,
         early_kv=args.kv_handoff == "early",
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        create_app(settings, freeze_heap=True),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
     return 0

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epd_engine.config import internal_token
+from epd_engine.gc_heap import freeze_startup_heap
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
 from epd_engine.router.dispatch import Dispatcher
@@ -22,7 +23,10 @@ from epd_engine.server.errors import install_error_handlers
 from epd_engine.server.limits import BodySizeLimit
 
 
-def create_app(settings: RouterSettings) -> FastAPI:
+def create_app(settings: RouterSettings, freeze_heap: bool = False) -> FastAPI:
+    """``freeze_heap``: the app is its process's server (``epdctl router``): see the
+    instance's ``create_app``."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = Metrics(settings.model, "router", "router")
@@ -39,6 +43,8 @@ def create_app(settings: RouterSettings) -> FastAPI:
         dispatcher = Dispatcher(settings, registry, http, internal_token(), metrics, recorder)
         app.state.dispatcher = dispatcher
         watcher = asyncio.create_task(dispatcher.watch_instances())
+        if freeze_heap:  # full collections then skip the start-up objects (gc_heap)
+            freeze_startup_heap()
         try:
             yield
         finally:

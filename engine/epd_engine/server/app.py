@@ -15,6 +15,7 @@ from epd_engine import startup
 from epd_engine.async_engine import AsyncEngine
 from epd_engine.config import EngineConfig, internal_token
 from epd_engine.engine import LLMEngine, StepStats
+from epd_engine.gc_heap import freeze_startup_heap
 from epd_engine.metrics import Metrics
 from epd_engine.processor import InputProcessor
 from epd_engine.router.policy import InstanceLoad
@@ -125,7 +126,10 @@ def _preprocess_pool(config: EngineConfig, engine: LLMEngine) -> PreprocessPool 
     return pool
 
 
-def create_app(settings: ServerSettings) -> FastAPI:
+def create_app(settings: ServerSettings, freeze_heap: bool = False) -> FastAPI:
+    """``freeze_heap``: the app is its process's server (``epdctl serve``), so the objects
+    start-up made are frozen out of the garbage collector's passes once it is ready; apps
+    that share a process (tests) leave that process's heap alone."""
     config = settings.engine
 
     @asynccontextmanager
@@ -146,6 +150,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             async_engine.start()
             if link is not None:
                 link.start(engine)
+            if freeze_heap:  # last, once start-up's objects are all made (gc_heap)
+                state.frozen_objects = freeze_startup_heap()
             state.ready = True
             startup.mark("serving")
             log.info("serving %s as %s", config.model_name, config.role.value)

@@ -31,6 +31,8 @@ async def ready(request: Request, response: Response) -> dict[str, object]:
         # with the same flags can be started with them (``--token-budget``,
         # ``--image-token-budget``) and skip the search
         "searched_budgets": state.engine.engine.searched_budgets,
+        # start-up objects frozen out of the garbage collector's passes (gc_heap)
+        "gc_frozen_objects": state.frozen_objects,
     }
 
 

@@ -24,3 +24,4 @@ class InstanceState:
     migration: MigrationManager | None = None  # set when a router owns this instance
     preprocess: PreprocessPool | None = None  # worker processes for images and the processor
     ready: bool = False
+    frozen_objects: int = 0  # start-up objects full collections skip (gc_heap)
