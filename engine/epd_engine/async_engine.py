@@ -173,10 +173,12 @@ class AsyncEngine:
         outputs: asyncio.Queue[RequestOutput] | FinalWake = (
             asyncio.Queue() if incremental else FinalWake()
         )
+        # a client of the whole answer without stop strings needs no text before the end
+        whole_text_only = not incremental and not sampling.stop
         stream = RequestOutputStream(
             outputs.put_nowait,
             loop,
-            Detokenizer(self.decode, sampling.stop, sampling.min_tokens),
+            Detokenizer(self.decode, sampling.stop, sampling.min_tokens, whole_text_only),
             len(prompt.token_ids),
         )
         await self.add(

@@ -153,6 +153,35 @@ def test_a_whole_answer_is_read_once_its_last_output_has_come(
     assert stamps == sorted(stamps) and stamps[-1] > stamps[0] > 0  # per step, not per read
 
 
+def test_a_whole_answer_without_stop_strings_is_decoded_once_not_per_token(
+    engine: LLMEngine, tiny_model_dir: Path
+) -> None:
+    """The loop decoded two windows per token of every non-streaming request too: at batch
+    128 that was most of its time, which the engine thread waits for on the GIL. Its text is
+    now decoded once, at the end; the same text, the same token counts per output."""
+    processor = InputProcessor(tiny_model_dir, engine.model_config)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    calls: list[int] = []
+
+    def decode(ids: list[int]) -> str:
+        calls.append(len(ids))
+        return processor.decode(ids)
+
+    async def whole(async_engine: AsyncEngine) -> list[RequestOutput]:
+        return [
+            output
+            async for output in async_engine.generate(
+                "w", PreparedPrompt(PROMPTS[3], [], []), params, frozenset(), incremental=False
+            )
+        ]
+
+    outputs = _run(engine, decode, whole)
+    streamed = _run(engine, processor.decode, lambda e: _generate(e, "i", PROMPTS[3], params))
+    assert calls == [8]  # one decode, of all 8 ids
+    assert "".join(o.text_delta for o in outputs) == "".join(o.text_delta for o in streamed)
+    assert [o.num_output_tokens for o in outputs] == [o.num_output_tokens for o in streamed]
+
+
 def test_final_wake_returns_nothing_before_the_last_output() -> None:
     async def scenario() -> list[str]:
         wake = FinalWake()

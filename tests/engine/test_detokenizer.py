@@ -103,6 +103,49 @@ def test_text_is_identical_to_the_full_redecode_on_random_sequences(tokenizer):
         assert run(Detokenizer(decode), ids) == run(FullRedecode(decode), ids), (case, ids)
 
 
+def test_whole_text_only_sends_the_same_text_at_the_end_in_one_decode(tokenizer):
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    rng = random.Random(1)
+    for case in range(300):
+        ids = random_ids(rng, tokenizer)
+        whole = Detokenizer(decode, whole_text_only=True)
+        deltas = [whole.add(token, final=n == len(ids)) for n, token in enumerate(ids, start=1)]
+        calls.clear()
+        assert deltas[:-1] == [""] * (len(ids) - 1), case
+        assert deltas[-1] == run(Detokenizer(decode), ids)[0], (case, ids)
+    whole = Detokenizer(decode, whole_text_only=True)
+    calls.clear()
+    for n in range(1, 41):
+        whole.add(7 + n, final=n == 40)
+    assert calls == [40]
+    with pytest.raises(ValueError, match="stop strings"):
+        Detokenizer(decode, ("x",), whole_text_only=True)
+
+
+def test_a_whole_answer_resumed_elsewhere_still_gets_all_its_text_at_the_end(tokenizer):
+    """A request whose client reads the whole answer moves (P to D, or a retry) with no
+    text sent yet: the next instance decodes every id, those made before it included."""
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    ids = tokenizer.encode("héllo wörld 日本語 naïve café 🙂", add_special_tokens=False)
+    first = Detokenizer(decode, whole_text_only=True)
+    assert [first.add(t, final=False) for t in ids[:5]] == [""] * 5
+    resumed = Detokenizer.resume(decode, (), ids[:5], first.emitted, whole_text_only=True)
+    assert resumed.whole_text_only
+    text = "".join(resumed.add(t, final=n == len(ids)) for n, t in enumerate(ids[5:], start=6))
+    assert text == decode(ids)
+    # a client that already has text (an earlier streaming attempt) keeps the incremental path
+    partial = Detokenizer.resume(decode, (), ids[:5], decode(ids[:2]), whole_text_only=True)
+    assert not partial.whole_text_only
+
+
 def test_stop_strings_cut_at_their_first_occurrence_and_are_never_sent(tokenizer):
     """Exact stops on random outputs. The old detokenizer sent the start of a stop string
     when an incomplete character followed it (``" 日"`` of stop ``" 日本"``, as in the

@@ -55,7 +55,7 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         engine.engine.max_model_len,
         state.preprocess,
     )
-    routing = payload.routing
+    routing = payload.routing.model_copy(update={"whole_answer": not payload.body.stream})
     link = state.migration.link
     detokenizer = Detokenizer.resume(
         engine.decode,
@@ -63,6 +63,7 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         payload.resume_output_token_ids,
         payload.emitted_text,
         params.min_tokens,
+        routing.whole_answer,
     )
     stream = RequestOutputStream(
         sink=lambda output: link.send(output, routing),

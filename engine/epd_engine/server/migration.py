@@ -347,6 +347,7 @@ class MigrationManager:
             offer.output_token_ids,
             offer.emitted_text,
             sampling.min_tokens,
+            offer.routing.whole_answer,
         )
         routing = offer.routing
         stream = RequestOutputStream(
@@ -489,7 +490,7 @@ class MigrationManager:
             old = stream.detokenizer
             stream.detokenizer = Detokenizer.resume(
                 self.engine.decode, old.stop, done.output_token_ids, done.emitted_text,
-                old.min_tokens,
+                old.min_tokens, old.whole_text_only,
             )  # fmt: skip
             stream.num_output_tokens = len(done.output_token_ids)
         self.engine.engine.pull_done(request_id, done.output_token_ids if done else None)

@@ -57,6 +57,9 @@ class Routing(BaseModel):
     router_request_id: str
     attempt: int = 0
     path: list[str] = Field(default_factory=list)  # pools visited so far
+    # the client reads only the whole answer (not streaming): instances decode its text
+    # once, at the end (Detokenizer's whole_text_only), where it has no stop strings
+    whole_answer: bool = False
 
 
 class MigrationOffer(BaseModel):
