@@ -11,6 +11,8 @@ With ``--before-ref`` a second instance runs an earlier commit's code (exported 
 archive``, first on ``PYTHONPATH``) and the rounds alternate between the trees, so the
 after/before ratios see the same host load; ``--after-args`` / ``--before-args`` add serve
 flags to either side (with ``--before-args`` alone both sides run this tree: a flag's A/B).
+``--stream`` streams every answer (server-sent events, usage in the last chunk); the client
+keeps the bytes and parses them once the clock has stopped.
 Each round measures every side once per batch; the JSON keeps every round and per batch the
 median, min and max of each ratio. Greedy text is checked against ``generate``'s tokens
 decoded with the same tokenizer.
@@ -103,15 +105,24 @@ class Server:
 
 
 async def served_run(
-    client: Any, url: str, prompts: list[list[int]], max_tokens: int
+    client: Any, url: str, prompts: list[list[int]], max_tokens: int, stream: bool = False
 ) -> tuple[float, list[str]]:
     """Seconds for the whole batch, and each request's text."""
+    body = {"model": SERVED_NAME, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": stream}  # fmt: skip
+    if stream:
+        body["stream_options"] = {"include_usage": True}
 
     async def one(prompt: list[int]) -> tuple[int, str]:
-        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
-        answer = (await client.post(f"{url}/v1/completions", json=body)).json()
-        return answer["usage"]["completion_tokens"], answer["choices"][0]["text"]
+        request = {**body, "prompt": prompt}
+        if not stream:
+            answer = (await client.post(f"{url}/v1/completions", json=request)).json()
+            return answer["usage"]["completion_tokens"], answer["choices"][0]["text"]
+        # the bytes as they come, parsed after the clock stops: the client's own parsing
+        # of every event would share the host's cores with the server's
+        async with client.stream("POST", f"{url}/v1/completions", json=request) as response:
+            raw = b"".join([chunk async for chunk in response.aiter_bytes()])
+        return sse_tokens_and_text(raw)
 
     start = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
@@ -119,6 +130,19 @@ async def served_run(
     if any(count != max_tokens for count, _ in results):
         raise RuntimeError("a request returned fewer tokens than asked")
     return seconds, [text for _, text in results]
+
+
+def sse_tokens_and_text(raw: bytes) -> tuple[int, str]:
+    """Completion tokens (the usage chunk) and the text of a streamed completion."""
+    tokens, text = 0, []
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[len("data: ") :])
+        text += [choice["text"] for choice in event.get("choices", [])]
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    return tokens, "".join(text)
 
 
 def hf_run(
@@ -190,7 +214,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
             # slower on a GPU (the first round's ratios of the H200 run of 2026-11-26).
             for batch in batches:
                 for server in servers.values():
-                    await served_run(c, server.url, prompts[batch], 4)
+                    await served_run(c, server.url, prompts[batch], 4, args.stream)
                 hf_run(hf, prompts[batch], 4, config.pad_token_id)
             for index in range(args.rounds):
                 sides = list(servers)
@@ -206,7 +230,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
                     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in reference]
                     for side in sides:
                         seconds, served = await served_run(
-                            c, servers[side].url, prompts[batch], args.new_tokens
+                            c, servers[side].url, prompts[batch], args.new_tokens, args.stream
                         )
                         row[f"{side}_tokens_per_s"] = tokens / seconds
                         row[f"{side}_over_hf"] = (
@@ -247,6 +271,9 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--new-tokens", type=int, default=32, help="max_tokens per request")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--stream", action="store_true", help="stream each answer (server-sent events)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (both sides run there)")
     parser.add_argument(
