@@ -54,7 +54,12 @@ step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$O
 TAIL=16 step bench-transfer-gpu 150 $PY -m epd_engine.bench.transfer_gpu --out "$OUT/transfer-gpu.json"
 wait "$warm_pid"; SUMMARY+="flashinfer-warm: rc=$?"$'\n'; tail -4 "$OUT/flashinfer-warm.log"
 TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashinfer_gpu.py \
-  tests/engine/model/test_layer_ops.py
+  tests/engine/model/test_layer_ops.py tests/engine/bench/test_step_share.py
+# Issue 15's step overhead: the share of a decode step outside the model, batch 256, 1,024-
+# token contexts, Mistral-7B's shape cut to 2 layers, FlashInfer and decode graphs.
+TAIL=30 step step-share 120 bash -c "$PY -m epd_engine make-model --preset tiny-llava \
+  /tmp/tiny-llava && $PY -m epd_engine.bench.step_share --model /tmp/tiny-llava --device cuda \
+  --out $OUT/step-share-gpu.json"
 step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer \
   --out "$OUT/gpu-flashinfer.json"
 # Served tokens/s through one instance's OpenAI endpoint against transformers' generate, 7B

@@ -13,6 +13,11 @@ over zeroed K/V.
 On a CPU the model's forward is seconds at this size, so the share here says only that
 the overhead is small next to CPU math; the absolute overhead milliseconds are what a GPU
 step would carry. Run: ``python -m epd_engine.bench.step_share --model models/tiny-llava``.
+
+``--device cuda`` runs it as an instance would on a GPU: float16, the attention backend
+``auto`` picks (FlashInfer where it imports), decode CUDA graphs. The model's time is then
+GPU time between CUDA events around the decoder (its graph's replay, or its eager forward)
+and around the LM head; the step's is wall time, which ends with the sampler's read-back.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role
 from epd_engine.detokenizer import Detokenizer
+from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.llava import LlavaLanguage
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.request import Request, RequestStatus
@@ -50,36 +56,83 @@ SHAPE_7B: dict[str, Any] = {  # Mistral-7B (llava-v1.6-mistral-7b's decoder)
 
 
 class ModelClock:
-    """Seconds spent inside the decoder's ``forward`` (hooks around the module call)."""
+    """Seconds the model ran: ``start``/``stop`` around each part of it. On CUDA a pair of
+    timing events per part, read once the step has synchronised (``seconds``); elsewhere
+    the wall clock."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.seconds = 0.0
-        self._start = 0.0
-        module.register_forward_pre_hook(self._pre)
-        module.register_forward_hook(self._post)
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._wall = 0.0
+        self._started = 0.0
+        self._events: list[tuple[Any, Any]] = []
 
-    def _pre(self, *_: Any) -> None:
-        self._start = time.perf_counter()
+    def reset(self) -> None:
+        self._wall, self._events = 0.0, []
 
-    def _post(self, *_: Any) -> None:
-        self.seconds += time.perf_counter() - self._start
+    def start(self, *_: Any) -> None:
+        if self.cuda:
+            self._events.append((torch.cuda.Event(enable_timing=True), None))
+            self._events[-1][0].record()
+        else:
+            self._started = time.perf_counter()
+
+    def stop(self, *_: Any) -> None:
+        if self.cuda:
+            begin, _ = self._events[-1]
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events[-1] = (begin, end)
+        else:
+            self._wall += time.perf_counter() - self._started
+
+    def seconds(self) -> float:
+        if not self.cuda:
+            return self._wall
+        torch.cuda.synchronize()
+        return sum(begin.elapsed_time(end) for begin, end in self._events) / 1000
+
+    def watch(self, language: torch.nn.Module, runner: ModelRunner) -> None:
+        """Clock the decoder however the runner calls it: its forward, or a graph's replay."""
+        language.register_forward_pre_hook(self.start)
+        language.register_forward_hook(self.stop)
+        graphs = runner.graphs
+        if graphs is not None:
+            replay = graphs.replay
+
+            def timed_replay(fill: Any) -> torch.Tensor:
+                self.start()
+                out = replay(fill)
+                self.stop()
+                return out
+
+            graphs.replay = timed_replay  # type: ignore[method-assign]
 
 
-def build(model_dir: Path, layers: int, batch: int, context: int, steps: int):
+def build(
+    model_dir: Path,
+    layers: int,
+    batch: int,
+    context: int,
+    steps: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+):
     tiny = LlavaModelConfig.from_dir(model_dir)
     config = dataclasses.replace(tiny, num_layers=layers, **SHAPE_7B)
-    language = LlavaLanguage(config).eval()
+    attention = attention_backend_for("auto", config, dtype, device)
+    language = LlavaLanguage(config, attention).to(device, dtype).eval()
     pages_per_seq = -(-(context + steps + 1) // BLOCK_SIZE)
     shape = CacheShape(batch * pages_per_seq, BLOCK_SIZE, 1, 1, config.hidden_size)
     runner = ModelRunner(
         None,
         language,
         shape,
-        torch.float32,
-        "cpu",
+        dtype,
+        device,
         with_image_cache=False,
         max_decode_seqs=batch,
         max_model_len=pages_per_seq * BLOCK_SIZE,
+        cuda_graphs=device == "cuda",
     )
     kv = KVCacheManager(shape.num_kv_blocks, BLOCK_SIZE)
     limits = SchedulerLimits(
@@ -99,17 +152,28 @@ def build(model_dir: Path, layers: int, batch: int, context: int, steps: int):
     return language, runner, scheduler, params
 
 
-def measure(model_dir: Path, layers: int, batch: int, context: int, steps: int) -> dict:
+def measure(
+    model_dir: Path,
+    layers: int,
+    batch: int,
+    context: int,
+    steps: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     from transformers import AutoTokenizer
 
-    language, runner, scheduler, params = build(model_dir, layers, batch, context, steps)
-    clock = ModelClock(language)
+    language, runner, scheduler, params = build(
+        model_dir, layers, batch, context, steps, device, dtype
+    )
+    clock = ModelClock(torch.device(device))
+    clock.watch(language, runner)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     detoks = [Detokenizer(lambda ids: str(tokenizer.decode(ids)), ()) for _ in range(batch)]
     spec = SamplingSpec(params)
     records = []
     for step in range(steps + 1):  # the first is a warm-up
-        clock.seconds = 0.0
+        clock.reset()
         start = time.perf_counter()
         out = scheduler.schedule()
         scheduled = time.perf_counter()
@@ -119,10 +183,12 @@ def measure(model_dir: Path, layers: int, batch: int, context: int, steps: int) 
         with torch.inference_mode():
             hidden = runner.forward(tasks)
             forward_end = time.perf_counter()
+            clock.start()
             logits = language.compute_logits(hidden)
+            clock.stop()
             head_end = time.perf_counter()
             rows = [SamplingRow(spec, t.start_position + 1) for t in tasks]
-            tokens = runner.sampler(logits, rows)
+            tokens = runner.sampler(logits, rows)  # reads the tokens back: the step syncs
         sampled_end = time.perf_counter()
         sampled = {t.request_id: tok.token_id for t, tok in zip(tasks, tokens, strict=True)}
         scheduler.update(out, sampled)
@@ -130,20 +196,26 @@ def measure(model_dir: Path, layers: int, batch: int, context: int, steps: int) 
         for detok, task in zip(detoks, tasks, strict=True):
             detok.add(sampled[task.request_id] % 1000 + 3, final=False)
         end = time.perf_counter()
-        model_s = clock.seconds + (head_end - forward_end)
+        model_s = clock.seconds()  # the decoder and the LM head
         total_s = end - start
+        # host time of each phase; on CUDA the GPU's model time is inside the launches'
+        # wait in the sampler's read-back, so the phases there do not add up to total_ms
         records.append(
             {
                 "total_ms": total_s * 1000,
                 "model_ms": model_s * 1000,
                 "schedule_ms": (scheduled - start) * 1000,
-                "runner_outside_model_ms": (forward_end - scheduled - clock.seconds) * 1000,
+                "runner_ms": (forward_end - scheduled) * 1000,
+                "lm_head_ms": (head_end - forward_end) * 1000,
                 "sample_ms": (sampled_end - head_end) * 1000,
                 "update_ms": (updated - sampled_end) * 1000,
                 "detokenize_ms": (end - updated) * 1000,
                 "overhead_share": 1 - model_s / total_s,
             }
         )
+        if device == "cpu":  # host time is the model's time: the runner's own part
+            decoder_s = model_s - (head_end - forward_end)
+            records[-1]["runner_outside_model_ms"] = (forward_end - scheduled - decoder_s) * 1000
     timed = records[1:]
     shares = sorted(r["overhead_share"] for r in timed)
     overhead_ms = sorted(r["total_ms"] - r["model_ms"] for r in timed)
@@ -152,7 +224,10 @@ def measure(model_dir: Path, layers: int, batch: int, context: int, steps: int) 
         "context_tokens": context,
         "layers": layers,
         "shape": SHAPE_7B,
-        "dtype": "float32",
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
+        "attention": type(language.attention).__name__,
+        "cuda_graphs": runner.graphs is not None,
         "torch_threads": torch.get_num_threads(),
         "steps": timed,
         "overhead_share": {
@@ -166,7 +241,9 @@ def measure(model_dir: Path, layers: int, batch: int, context: int, steps: int) 
             "max": overhead_ms[-1],
         },
         "note": "CPU: the model's forward is CPU math (seconds); overhead_ms is what a GPU "
-        "step would carry on top of its forward",
+        "step would carry on top of its forward"
+        if device == "cpu"
+        else "CUDA: model_ms is GPU time between events around the decoder and the LM head",
     }
 
 
@@ -178,9 +255,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (float16, graphs)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = measure(args.model, args.layers, args.batch, args.context, args.steps)
+    dtype = torch.float32 if args.device == "cpu" else torch.float16
+    result = measure(
+        args.model, args.layers, args.batch, args.context, args.steps, args.device, dtype
+    )
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
