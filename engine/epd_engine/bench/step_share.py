@@ -108,15 +108,22 @@ class ModelClock:
             graphs.replay = timed_replay  # type: ignore[method-assign]
 
 
-def build(
-    model_dir: Path,
-    layers: int,
-    batch: int,
-    context: int,
-    steps: int,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-):
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One run: the decoder cut to ``layers``, ``batch`` requests decoding after
+    ``context`` tokens for ``steps`` timed steps, on ``device`` in ``dtype``."""
+
+    layers: int = 2
+    batch: int = 256
+    context: int = 1024
+    steps: int = 3
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+
+def build(model_dir: Path, setup: Setup):
+    layers, batch, context, steps = setup.layers, setup.batch, setup.context, setup.steps
+    device, dtype = setup.device, setup.dtype
     tiny = LlavaModelConfig.from_dir(model_dir)
     config = dataclasses.replace(tiny, num_layers=layers, **SHAPE_7B)
     attention = attention_backend_for("auto", config, dtype, device)
@@ -152,20 +159,11 @@ def build(
     return language, runner, scheduler, params
 
 
-def measure(
-    model_dir: Path,
-    layers: int,
-    batch: int,
-    context: int,
-    steps: int,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> dict:
+def measure(model_dir: Path, setup: Setup) -> dict:
     from transformers import AutoTokenizer
 
-    language, runner, scheduler, params = build(
-        model_dir, layers, batch, context, steps, device, dtype
-    )
+    batch, context, steps, device = setup.batch, setup.context, setup.steps, setup.device
+    language, runner, scheduler, params = build(model_dir, setup)
     clock = ModelClock(torch.device(device))
     clock.watch(language, runner)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -222,10 +220,10 @@ def measure(
     return {
         "batch": batch,
         "context_tokens": context,
-        "layers": layers,
+        "layers": setup.layers,
         "shape": SHAPE_7B,
         "device": device,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(setup.dtype).removeprefix("torch."),
         "attention": type(language.attention).__name__,
         "cuda_graphs": runner.graphs is not None,
         "torch_threads": torch.get_num_threads(),
@@ -259,9 +257,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     dtype = torch.float32 if args.device == "cpu" else torch.float16
-    result = measure(
-        args.model, args.layers, args.batch, args.context, args.steps, args.device, dtype
-    )
+    setup = Setup(args.layers, args.batch, args.context, args.steps, args.device, dtype)
+    result = measure(args.model, setup)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

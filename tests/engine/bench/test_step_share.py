@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from epd_engine.bench.step_share import measure
+from epd_engine.bench.step_share import Setup, measure
 
 
 def check(result: dict) -> None:
@@ -21,7 +21,7 @@ def check(result: dict) -> None:
 
 
 def test_a_cpu_step_is_split_into_the_model_and_the_rest(tiny_model_dir: Path) -> None:
-    result = measure(tiny_model_dir, layers=1, batch=4, context=32, steps=2)
+    result = measure(tiny_model_dir, Setup(layers=1, batch=4, context=32, steps=2))
     check(result)
     assert (result["device"], result["dtype"], result["cuda_graphs"]) == ("cpu", "float32", False)
     for step in result["steps"]:  # on a CPU the runner's own part is what is left of it
@@ -32,6 +32,6 @@ def test_a_cpu_step_is_split_into_the_model_and_the_rest(tiny_model_dir: Path) -
 def test_a_cuda_step_clocks_the_graph_replay_and_the_lm_head(tiny_model_dir: Path) -> None:
     """Not run here (no GPU): the decoder replays a captured graph, which no forward hook
     sees; the replay is clocked by events, so the model's time is not zero."""
-    result = measure(tiny_model_dir, 2, 32, 256, 3, "cuda", torch.float16)
+    result = measure(tiny_model_dir, Setup(2, 32, 256, 3, "cuda", torch.float16))
     check(result)
     assert result["cuda_graphs"] and result["dtype"] == "float16"
