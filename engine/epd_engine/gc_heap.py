@@ -25,8 +25,8 @@ GENERATIONS = (0, 1, 2)
 
 def freeze_startup_heap() -> int:
     """Collect what start-up left behind, then freeze every object alive: returns how many
-    are frozen. Call once, when the process is about to serve (garbage alive at the
-    freeze would never be freed, hence the collection first)."""
+    are frozen. Call once, when the process is about to serve (a reference cycle still
+    uncollected at the freeze would never be freed, hence the collection first)."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
