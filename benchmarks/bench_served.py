@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import platform
@@ -179,6 +178,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
     import torch
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
+    from epd_engine.gc_heap import freeze_startup_heap
     from epd_engine.model.model_config import LlavaModelConfig
 
     torch.set_num_threads(args.threads)
@@ -194,8 +194,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
                for b in batches}  # fmt: skip
     # The client shares this process with generate's model: without the freeze a full
     # collection of that heap (160-210 ms) stalled the requests it was sending.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()
     servers = {"after": Server(args, max(batches), None, args.after_args)}
     if before is not None or args.before_args is not None:
         servers["before"] = Server(args, max(batches), before, args.before_args or "")

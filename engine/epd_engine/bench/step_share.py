@@ -64,24 +64,24 @@ class ModelClock:
         self.cuda = device.type == "cuda"
         self._wall = 0.0
         self._started = 0.0
-        self._events: list[tuple[Any, Any]] = []
+        self._begin: Any = None  # CUDA: the event recorded by the last start
+        self._events: list[tuple[Any, Any]] = []  # CUDA: (begin, end) of each part
 
     def reset(self) -> None:
         self._wall, self._events = 0.0, []
 
     def start(self, *_: Any) -> None:
         if self.cuda:
-            self._events.append((torch.cuda.Event(enable_timing=True), None))
-            self._events[-1][0].record()
+            self._begin = torch.cuda.Event(enable_timing=True)
+            self._begin.record()
         else:
             self._started = time.perf_counter()
 
     def stop(self, *_: Any) -> None:
         if self.cuda:
-            begin, _ = self._events[-1]
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._events[-1] = (begin, end)
+            self._events.append((self._begin, end))
         else:
             self._wall += time.perf_counter() - self._started
 

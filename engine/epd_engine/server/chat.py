@@ -128,11 +128,11 @@ async def prepare(
     check_chat_request(request)
     check_prompt_chars(request, max_prompt_tokens)
     blobs, limits = await fetch_images(request, http, config)
+    messages = hf_messages(request)
     if pool is None:
-        messages = hf_messages(request)
         prompt = await asyncio.to_thread(decode_and_prepare, processor, messages, blobs, limits)
     else:
-        prompt = await pool.prepare(hf_messages(request), blobs, limits)
+        prompt = await pool.prepare(messages, blobs, limits)
     if config.max_prompt_tokens is not None:  # else the context window check below says it
         check_prompt_tokens(len(prompt.token_ids), max_prompt_tokens)
     params = sampling_params(request, len(prompt.token_ids), max_model_len)
