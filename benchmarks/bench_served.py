@@ -16,7 +16,10 @@ flags to either side (with ``--before-args`` alone both sides run this tree: a f
 keeps the bytes and parses them once the clock has stopped.
 Each round measures every side once per batch; the JSON keeps every round and per batch the
 median, min and max of each ratio. Greedy text is checked against ``generate``'s tokens
-decoded with the same tokenizer.
+decoded with the same tokenizer. Around each run the instance's ``/metrics`` is read (off
+the clock), and the JSON keeps how many decode steps the run took and the mean time of each
+phase of them (``epd_step_phase_seconds``: schedule, launch, wait for the device, update,
+publish), so a GPU run says whether its steps wait for the device or for the host.
 
     python benchmarks/bench_served.py --model models/tiny-llava --before-ref main \\
         --out benchmarks/results/served-cpu.json
@@ -177,11 +180,29 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def decode_step_summary(side: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the rounds: how many decode steps a run took and each phase's mean time in them
+    (a tree without ``epd_step_phase_seconds`` gives nothing)."""
+    runs = [r[f"{side}_step_phases"]["decode"] for r in rows
+            if "decode" in r.get(f"{side}_step_phases", {})]  # fmt: skip
+    if not runs:
+        return {}
+    phases = sorted({phase for run in runs for phase in run["ms"]})
+    return {
+        f"{side}_decode_steps": spread([run["steps"] for run in runs]),
+        f"{side}_decode_step_ms": {
+            phase: spread([run["ms"][phase] for run in runs if phase in run["ms"]])
+            for phase in phases
+        },
+    }
+
+
 async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
     import httpx
     import torch
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
+    from epd_engine.bench.server_metrics import difference, scrape, step_phase_means
     from epd_engine.gc_heap import freeze_startup_heap
     from epd_engine.model.model_config import LlavaModelConfig
 
@@ -232,9 +253,14 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
                     row["hf_tokens_per_s"] = tokens / seconds
                     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in reference]
                     for side in sides:
+                        url = servers[side].url
+                        metrics_before = scrape(url)  # outside the clock
                         seconds, served = await served_run(
-                            c, servers[side].url, prompts[batch], args.new_tokens, args.stream
+                            c, url, prompts[batch], args.new_tokens, args.stream
                         )
+                        phases = step_phase_means(difference(metrics_before, scrape(url)))
+                        if phases:  # a tree from before epd_step_phase_seconds has none
+                            row[f"{side}_step_phases"] = phases
                         row[f"{side}_tokens_per_s"] = tokens / seconds
                         row[f"{side}_over_hf"] = (
                             row[f"{side}_tokens_per_s"] / row["hf_tokens_per_s"]
@@ -263,6 +289,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
             same, total = text_match[side][batch]
             entry[f"{side}_greedy_text_matches_hf"] = same == total
             entry[f"{side}_greedy_text_same_share"] = same / total
+            entry.update(decode_step_summary(side, rows))
         summary[str(batch)] = entry
     return {"rounds": rounds, "summary": summary}
 

@@ -32,6 +32,7 @@ from epd_engine.request import Request
 from epd_engine.sampling import SamplingParams, TokenLogprobs
 from epd_engine.scheduler import RequestEvent
 from epd_engine.scheduler.output import PullTask
+from epd_engine.step_phases import PUBLISH
 from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
@@ -245,10 +246,9 @@ class AsyncEngine:
             for request in [*scheduler.waiting, *scheduler.running]:
                 self.engine.abort(request.request_id)
             return idle
+        stepped = time.monotonic()
         idle = stats.idle
         self.num_steps += 1
-        if self._on_step is not None and not idle:
-            self._on_step(stats)
         for request_id, message in stats.failed.items():
             self.fail(request_id, message)
         for timing in stats.stage_timings:
@@ -265,6 +265,9 @@ class AsyncEngine:
         for task in stats.pulls:
             if self.on_pull is not None:
                 self._isolated(task.request_id, self.on_pull, task)
+        if self._on_step is not None and not idle:
+            stats.add_phase(PUBLISH, time.monotonic() - stepped)
+            self._on_step(stats)
         return idle
 
     def _isolated(self, request_id: str, fn: Callable[[T], None], arg: T) -> None:

@@ -32,6 +32,7 @@ from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
 from epd_engine.scheduler.budget_search import search_budget
 from epd_engine.scheduler.output import PullTask, TokenTask
+from epd_engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT
 from epd_engine.timing import best_of
 from epd_engine.transfer.memory import CacheMemory, dtype_of
 
@@ -67,6 +68,10 @@ class StepStats:
     evicted_ids: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # request id -> what its client sees
     idle: bool = False  # nothing could run (waiting on pages, pulls or new work)
+    phases: dict[str, float] = field(default_factory=dict)  # step_phases.py: seconds each
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
 
 # Engine thread, when prefill chunks whose KV will migrate are about to run: returns what to
@@ -291,6 +296,7 @@ class LLMEngine:
         start = time.monotonic()
         out = self.scheduler.schedule()
         stats = StepStats(0.0, out.num_batched_tokens, out.num_images, len(out.decodes))
+        stats.add_phase(SCHEDULE, time.monotonic() - start)
         stats.pulls = out.pulls
         stats.evicted_ids = out.evicted_ids
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
@@ -316,18 +322,19 @@ class LLMEngine:
         for request in self.scheduler.running:
             self._mark_ready(request)
         stats.duration_s = time.monotonic() - start
+        stats.add_phase(UPDATE, stats.duration_s - sum(stats.phases.values()))
         return events, stats
 
     def _step_now(
         self, out: SchedulerOutput, stats: StepStats
     ) -> tuple[list[RequestEvent], set[str]]:
         """Run ``out`` and wait for its tokens (after the step in flight, if any)."""
-        events, done = self._resolve_inflight()
+        events, done = self._resolve_inflight(stats)
         if done:  # its tokens are this step's inputs; requests it ended run no more
             ended = {e.request_id for e in events if e.finish_reason is not None}
             out = without_requests(out, ended)
             self._settle_pending(out)
-        sampled, stats.failed = self._execute_isolated(out)
+        sampled, stats.failed = self._execute_isolated(out, stats)
         if stats.failed:  # those requests end here; the rest of the batch goes on
             out = without_requests(out, stats.failed.keys())
             for request_id in stats.failed:
@@ -340,11 +347,13 @@ class LLMEngine:
         self, out: SchedulerOutput, stats: StepStats
     ) -> tuple[list[RequestEvent], set[str]]:
         """Launch ``out``, update the scheduler provisionally, then resolve the step before."""
+        launch_start = time.monotonic()
         try:
             launched = self.runner.launch(out, [], self._sampling, None, self._rope)
         except Exception:
             log.exception("launching a step ahead failed; running it synchronously")
             return self._step_now(out, stats)
+        stats.add_phase(LAUNCH, time.monotonic() - launch_start)
         sampled_ids = launched.request_ids
         requests = {rid: self.scheduler.requests[rid] for rid in sampled_ids}
         provisional = self.scheduler.update(out, dict.fromkeys(sampled_ids, PENDING_TOKEN))
@@ -355,7 +364,7 @@ class LLMEngine:
             {event.request_id: event for event in provisional},
             {rid: len(r.output_token_ids) - 1 for rid, r in requests.items()},
         )
-        events, done = self._resolve_inflight()
+        events, done = self._resolve_inflight(stats)
         self._inflight = step
         return events, done
 
@@ -370,11 +379,14 @@ class LLMEngine:
         sampling = self._sampling
         return not any(sampling[t.request_id].params.logprobs for t in out.token_tasks if t.sample)
 
-    def _resolve_inflight(self) -> tuple[list[RequestEvent], set[str]]:
+    def _resolve_inflight(self, stats: StepStats) -> tuple[list[RequestEvent], set[str]]:
         """The step in flight's events (waits for its tokens), and its requests."""
         step, self._inflight = self._inflight, None
         if step is None:
             return [], set()
+        wait_start = time.monotonic()
+        step.launched.result()
+        stats.add_phase(WAIT, time.monotonic() - wait_start)
         return resolve(step, self.scheduler), step.request_ids
 
     def _settle_pending(self, out: SchedulerOutput) -> None:
@@ -385,14 +397,20 @@ class LLMEngine:
                 position = task.start_position + task.num_tokens - 1
                 task.token_ids[-1] = request.token_id_at(position)
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, SampledToken]:
+    def _execute(self, out: SchedulerOutput, stats: StepStats) -> dict[str, SampledToken]:
+        launch_start = time.monotonic()
         pixels = [self._pixels[t.request_id][t.image_index] for t in out.encodes]
-        return self.runner.execute(
+        launched = self.runner.launch(
             out, pixels, self._sampling, self._watch_prefills(out), self._rope
         )
+        wait_start = time.monotonic()
+        sampled = launched.result()
+        stats.add_phase(LAUNCH, wait_start - launch_start)
+        stats.add_phase(WAIT, time.monotonic() - wait_start)
+        return sampled
 
     def _execute_isolated(
-        self, out: SchedulerOutput
+        self, out: SchedulerOutput, stats: StepStats
     ) -> tuple[dict[str, SampledToken], dict[str, str]]:
         """Run the batch; when it raises, run each request alone, so that a request the step
         cannot take fails alone (one request's bad seed once failed all 32 in its batch).
@@ -401,7 +419,7 @@ class LLMEngine:
         draw depends only on its seed and position. Returns the sampled tokens and the
         requests that failed on their own, with the message their clients get."""
         try:
-            return self._execute(out), {}
+            return self._execute(out, stats), {}
         except Exception:
             request_ids = requests_in(out)
             if len(request_ids) == 1:
@@ -412,7 +430,7 @@ class LLMEngine:
         failed: dict[str, str] = {}
         for request_id in request_ids:
             try:
-                sampled.update(self._execute(only_request(out, request_id)))
+                sampled.update(self._execute(only_request(out, request_id), stats))
             except Exception:
                 log.exception("request %s fails the engine step", request_id)
                 failed[request_id] = REQUEST_FAILED

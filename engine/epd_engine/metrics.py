@@ -17,6 +17,9 @@ from epd_engine.gc_heap import GcPauses
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.6, 1)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# a step's phases run from tens of microseconds (a decode's schedule) to seconds (a CPU prefill)
+_PHASE_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1, 2.5)  # fmt: skip
 _BASE = ("model", "role", "pool")
 
 
@@ -89,6 +92,14 @@ class Metrics:
             (*_BASE, "stage"),
             registry=r,
             buckets=_LATENCY_BUCKETS_S,
+        )
+        self.step_phase = Histogram(
+            "epd_step_phase_seconds",
+            "Time of each phase of an engine step (step_phases.py); step: decode (every request "
+            "decodes one token) or mixed.",
+            (*_BASE, "phase", "step"),
+            registry=r,
+            buckets=_PHASE_BUCKETS_S,
         )
         self.migration = Histogram(
             "epd_migration_seconds",

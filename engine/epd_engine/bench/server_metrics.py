@@ -8,6 +8,7 @@ gives an ``error`` entry, never a failed benchmark.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 Samples = dict[str, float]
@@ -55,3 +56,25 @@ def difference(before: dict[str, Any], after: dict[str, Any]) -> Samples:
 
 def metrics_report(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return {"before": before, "after": after, "delta": difference(before, after)}
+
+
+def step_phase_means(delta: Samples) -> dict[str, dict[str, Any]]:
+    """From a run's ``difference``: per step kind (``decode``, ``mixed``), how many steps
+    ran and the mean milliseconds of each of their phases (``epd_step_phase_seconds``;
+    ``step_phases.py``). Empty for a server that does not export them."""
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
+    for name, value in delta.items():
+        family, _, labels = name.partition("{")
+        into = {"epd_step_phase_seconds_sum": sums, "epd_step_phase_seconds_count": counts}
+        if family not in into:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        key = (found["step"], found["phase"])
+        into[family][key] = into[family].get(key, 0.0) + value
+    means: dict[str, dict[str, Any]] = {}
+    for (step, phase), count in sorted(counts.items()):
+        entry = means.setdefault(step, {"steps": 0, "ms": {}})
+        entry["steps"] = max(entry["steps"], int(count))
+        entry["ms"][phase] = 1000 * sums.get((step, phase), 0.0) / count
+    return means

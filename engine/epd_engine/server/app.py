@@ -27,6 +27,7 @@ from epd_engine.server.migration import MigrationManager
 from epd_engine.server.preprocess_pool import PreprocessPool
 from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
+from epd_engine.step_phases import step_kind
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import CacheMemory
@@ -70,6 +71,9 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):
             metrics.batch_images.labels(**labels).observe(stats.num_images)
         for stage in stats.stages:
             metrics.stage_execution.labels(**labels, stage=stage.value).observe(stats.duration_s)
+        kind = step_kind(stats.num_tokens, stats.num_decodes, stats.num_images)
+        for phase, seconds in stats.phases.items():
+            metrics.step_phase.labels(**labels, phase=phase, step=kind).observe(seconds)
         for stage, wait_s in stats.queue_waits:
             metrics.stage_queue.labels(**labels, stage=stage.value).observe(wait_s)
         metrics.running.labels(**labels).set(len(scheduler.running))

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from epd_engine.step_phases import PHASES
 from tests.engine.server.images import image_message
 
 pytestmark = pytest.mark.slow
@@ -115,6 +116,19 @@ async def test_concurrent_requests_are_batched(instance_url: str) -> None:
     # continuous batching: some iteration decoded several requests at once
     assert _largest_decode_batch(metrics) > 1
     assert 'outcome="success"' in metrics
+    # every phase of the decode steps that served them is timed, the engine thread's hand-off
+    # to the event loop (publish) included
+    for phase in PHASES:
+        assert _phase_count(metrics, phase, "decode") > 0, phase
+
+
+def _phase_count(metrics: str, phase: str, step: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith("epd_step_phase_seconds_count{") and (
+            f'phase="{phase}"' in line and f'step="{step}"' in line
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _largest_decode_batch(metrics: str) -> float:
@@ -135,6 +149,7 @@ def test_metrics_expose_design_names(instance_url: str) -> None:
         "epd_stage_execution_seconds",
         "epd_batch_tokens",
         "epd_batch_decode_requests",
+        "epd_step_phase_seconds",
         "epd_cache_usage_ratio",
         "epd_encoder_cache_hits_total",
         "epd_requests_total",
