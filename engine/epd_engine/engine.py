@@ -38,6 +38,8 @@ from epd_engine.transfer.memory import CacheMemory, dtype_of
 
 log = logging.getLogger(__name__)
 
+_STAGES = tuple(Stage)  # iterating the enum itself builds a generator per call
+
 
 @dataclass(frozen=True)
 class StageTiming:
@@ -463,7 +465,7 @@ class LLMEngine:
     ) -> None:
         """Report stages the request has left behind (or all, once it is done here)."""
         current = None if request is None or request.status.finished else request.next_stage
-        for stage in Stage:
+        for stage in _STAGES:
             if stage is current:
                 continue
             started = self._stage_started.pop((request_id, stage), None)

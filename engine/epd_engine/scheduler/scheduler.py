@@ -320,6 +320,8 @@ class Scheduler:
         )
 
     def _image_slices(self, request: Request, start: int, stop: int) -> list[ImageSlice]:
+        if not request.images:  # every decode, and text prompts
+            return []
         slices = []
         slots = self.images.slots(request.request_id) if self.images else []
         for image, slot in zip(request.images, slots, strict=False):
