@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from epd_engine.errors import ClientError, ModelNotFound, ServiceUnavailable
 from epd_engine.router.dispatch import Dispatcher
@@ -17,17 +17,16 @@ from epd_engine.router.inflight import ClientChunk, InflightRequest
 from epd_engine.server.auth import require_token
 from epd_engine.server.completions import (
     CompletionRequest,
-    CompletionResponse,
     completion_response,
 )
 from epd_engine.server.logprobs import completion_logprobs
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
-    ChatCompletionResponse,
     ChoiceLogprobs,
     Usage,
     chat_response,
+    json_answer,
     sse_error,
     token_usage,
 )
@@ -35,7 +34,7 @@ from epd_engine.server.streaming import ChunkWriter, Kind
 from epd_engine.server.validation import check_chat_request, check_completion_request
 
 router = APIRouter()
-Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
+Answer = Response  # json_answer's, or a StreamingResponse
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks its client is there
 
 
@@ -122,18 +121,16 @@ async def _serve(
         logprobs = None
         if isinstance(body, ChatCompletionRequest) and body.logprobs:
             logprobs = ChoiceLogprobs.model_validate({"content": inflight.logprobs})
-        return chat_response(
+        chat = chat_response(
             inflight.router_request_id, body.model, text, finish.finish_reason, usage, logprobs
         )
+        return json_answer(chat)
     asked = isinstance(body, CompletionRequest) and body.logprobs is not None
-    return completion_response(
-        inflight.router_request_id,
-        body.model,
-        text,
-        finish.finish_reason,
-        usage,
-        completion_logprobs(inflight.logprobs) if asked else None,
+    logprobs_shaped = completion_logprobs(inflight.logprobs) if asked else None
+    completion = completion_response(
+        inflight.router_request_id, body.model, text, finish.finish_reason, usage, logprobs_shaped
     )
+    return json_answer(completion)
 
 
 async def _collect(chunks: AsyncIterator[ClientChunk]) -> tuple[str, ClientChunk | None]:

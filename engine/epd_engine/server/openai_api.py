@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from epd_engine.async_engine import RequestOutput
 from epd_engine.errors import ClientError, ModelNotFound
 from epd_engine.server.chat import prepare
 from epd_engine.server.completions import (
     CompletionRequest,
-    CompletionResponse,
     completion_response,
 )
 from epd_engine.server.logprobs import (
@@ -28,10 +27,10 @@ from epd_engine.server.logprobs import (
 from epd_engine.server.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
-    ChatCompletionResponse,
     TokenLogprob,
     Usage,
     chat_response,
+    json_answer,
     sse_error,
     token_usage,
 )
@@ -40,7 +39,7 @@ from epd_engine.server.streaming import ChunkWriter, Kind
 from epd_engine.server.validation import check_role_serves
 
 router = APIRouter()
-Answer = ChatCompletionResponse | CompletionResponse | StreamingResponse
+Answer = Response  # json_answer's, or a StreamingResponse
 
 
 def _state(request: Request) -> InstanceState:
@@ -137,12 +136,15 @@ async def _serve(
     text, final, content = await _collect(first, outputs, timer, token_text)
     usage = _usage(final)
     if kind == "chat":
-        return chat_response(
-            request_id, body.model, text, final.finish_reason, usage, choice_logprobs(content)
+        logprobs = choice_logprobs(content)
+        return json_answer(
+            chat_response(request_id, body.model, text, final.finish_reason, usage, logprobs)
         )
     entries = None if content is None else [entry.model_dump() for entry in content]
-    logprobs = None if entries is None else completion_logprobs(entries)
-    return completion_response(request_id, body.model, text, final.finish_reason, usage, logprobs)
+    shaped = None if entries is None else completion_logprobs(entries)
+    return json_answer(
+        completion_response(request_id, body.model, text, final.finish_reason, usage, shaped)
+    )
 
 
 async def _chain(

