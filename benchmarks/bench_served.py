@@ -294,6 +294,34 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
     return {"rounds": rounds, "summary": summary}
 
 
+def summary_table(summary: dict[str, Any]) -> str:
+    """Medians per batch and side, as a Markdown table: throughput, ratios, greedy text, and
+    the decode steps' phases in ms (the JSON has every round and the spreads)."""
+    phases = ("schedule", "launch", "wait", "update", "publish")
+    head = ["batch", "side", "tokens/s", "÷ generate", "÷ before", "greedy same", "decode steps",
+            *(f"{p} ms" for p in phases)]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for batch, entry in summary.items():
+        for side in ("after", "before"):
+            if f"{side}_tokens_per_s" not in entry:
+                continue
+            steps = entry.get(f"{side}_decode_step_ms", {})
+            cells = [
+                batch,
+                side,
+                f"{entry[f'{side}_tokens_per_s']['median']:,.0f}",
+                f"{entry[f'{side}_over_hf']['median']:.2f}x",
+                f"{entry['after_over_before']['median']:.2f}x"
+                if side == "after" and "after_over_before" in entry
+                else "",
+                f"{entry[f'{side}_greedy_text_same_share']:.0%}",
+                f"{entry[f'{side}_decode_steps']['median']:.0f}" if steps else "",
+                *(f"{steps[p]['median']:.3f}" if p in steps else "" for p in phases),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava")
@@ -363,7 +391,7 @@ def main() -> int:
         **result,
     }  # fmt: skip
     text = json.dumps(report, indent=2) + "\n"
-    print(json.dumps(report["summary"], indent=1))
+    print(summary_table(report["summary"]))
     if args.out:
         args.out.write_text(text)
     return 0
