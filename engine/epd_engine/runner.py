@@ -91,7 +91,7 @@ class ModelRunner:
             self.device, dual_stream and vision is not None and language is not None
         )
         self.decode_buffers: DecodeBuffers | None = None
-        if language is not None and max_decode_seqs and not language.config.uses_mrope:
+        if language is not None and max_decode_seqs:
             if not max_model_len:
                 raise ValueError("max_decode_seqs needs max_model_len")
             max_pages = min(-(-max_model_len // shape.kv_block_size), shape.num_kv_blocks)
@@ -105,6 +105,7 @@ class ModelRunner:
                 self.device.type,
                 getattr(language.attention, "graph_safe", False),
                 self.decode_buffers is not None,
+                language.config.uses_mrope,
             )
             if reason is not None:  # news on a GPU; the normal case on a CPU
                 level = logging.INFO if self.device.type == "cuda" else logging.DEBUG
@@ -161,7 +162,7 @@ class ModelRunner:
         assert self.language is not None
         self._await_inputs_sent()
         if self._buffered(tasks):
-            return self._forward_decodes(tasks, layer_written)
+            return self._forward_decodes(tasks, layer_written, rope_of)
         batch = AttentionBatch(
             query_lens=[t.num_tokens for t in tasks],
             context_lens=[t.start_position + t.num_tokens for t in tasks],
@@ -205,16 +206,23 @@ class ModelRunner:
         return True
 
     def _forward_decodes(
-        self, tasks: list[TokenTask], layer_written: LayerWritten | None
+        self,
+        tasks: list[TokenTask],
+        layer_written: LayerWritten | None,
+        rope_of: Mapping[str, MRopeState] | None = None,
     ) -> torch.Tensor:
         """A decode-only step on the persistent buffers, padded to one of their sizes;
         returns the real rows' hidden states (padded rows' are dropped)."""
         assert self.language is not None and self.decode_buffers is not None
         buffers = self.decode_buffers
+        rope_positions = None
+        if self.language.config.uses_mrope:  # single text tokens: one position each
+            rope_positions = _text_positions(tasks, rope_of or {})
         fill = buffers.fill(
             [t.token_ids[0] for t in tasks],
             [t.start_position + 1 for t in tasks],
             [t.block_table for t in tasks],
+            rope_positions,
         )
         self._take_pending(buffers.input_ids[: fill.num_seqs], tasks)
         graphs = self.graphs
@@ -335,6 +343,17 @@ class LaunchedStep:
     def result(self) -> dict[str, SampledToken]:
         tokens = self.drawn.result()
         return dict(zip(self.request_ids, tokens, strict=True))
+
+
+def _text_positions(tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> list[int]:
+    """The M-RoPE position of each task's one text token (a request without a state, such
+    as a timing probe, is positioned as text: at its slot)."""
+    positions = []
+    for task in tasks:
+        state = rope_of.get(task.request_id)
+        slot = task.start_position
+        positions.append(slot if state is None else state.text_position(slot))
+    return positions
 
 
 def _mrope_positions(tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> torch.Tensor:

@@ -46,7 +46,11 @@ def graph_or_eager(
 
 
 def graphs_off_reason(
-    requested: bool, device_type: str, graph_safe_attention: bool, has_buffers: bool
+    requested: bool,
+    device_type: str,
+    graph_safe_attention: bool,
+    has_buffers: bool,
+    mrope: bool = False,
 ) -> str | None:
     """Why this runner captures no graphs, or None when it captures them."""
     if not requested:
@@ -54,7 +58,9 @@ def graphs_off_reason(
     if device_type != "cuda":
         return f"device type {device_type} is not CUDA"
     if not has_buffers:
-        return "no persistent decode buffers (M-RoPE model or max_decode_seqs unset)"
+        return "no persistent decode buffers (max_decode_seqs unset)"
+    if mrope:  # its decodes run eagerly on the persistent buffers
+        return "M-RoPE model: its decode forward has not been captured on a GPU yet"
     if not graph_safe_attention:
         return "the attention backend is not graph-safe (torch: shapes change per step)"
     return None

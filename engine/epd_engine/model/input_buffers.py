@@ -104,11 +104,15 @@ class DecodeBuffers:
         token_ids: list[int],  # [n] the new token of each decode
         context_lens: list[int],  # [n] tokens in the cache after this step
         block_tables: list[list[int]],  # [n][>= pages]
+        rope_positions: list[int] | None = None,  # [n] when rotary positions are not slots
     ) -> DecodeFill:
         """Write ``n`` decodes padded to ``padded(n)`` rows: one host-to-device copy per
         block. (On a GPU the staging copy is reused next step; the step's sampling
         synchronises before that.) The host side is numpy over the staging memory, with no
-        Python per page: on a GPU this runs while the device waits, every step."""
+        Python per page: on a GPU this runs while the device waits, every step.
+
+        ``positions`` are the rotary positions, each token's KV slot unless
+        ``rope_positions`` says otherwise (M-RoPE: a text token sits past its slot)."""
         n = len(token_ids)
         rows = self.padded(n)
         bs = self.block_size
@@ -140,6 +144,8 @@ class DecodeBuffers:
         at64 = [0, *itertools.accumulate(c64[:5])]
         h64[at64[0] : at64[0] + n] = token_ids
         h64[at64[0] + n : at64[0] + rows] = 0
+        if rope_positions is not None:
+            positions[:n] = rope_positions  # slots are computed: the rest is rotary only
         for start, values in zip(at64[1:4], (positions, slots, src), strict=True):
             h64[start : start + rows] = values
         h64[at64[4] : at64[4] + rows] = k_rows

@@ -88,6 +88,13 @@ class MRopeState:
     prompt_positions: torch.Tensor  # [3, T] int64
     delta: int
 
+    def text_position(self, slot: int) -> int:
+        """The position of the text token at KV slot ``slot``: one number, the same in all
+        three streams (a decode's token, or a text token of the prompt)."""
+        if slot < self.prompt_positions.shape[1]:
+            return int(self.prompt_positions[0, slot])
+        return slot + self.delta
+
     def positions(self, start: int, num_tokens: int) -> torch.Tensor:  # [3, num_tokens]
         """Positions of the tokens at KV slots ``start .. start + num_tokens``."""
         slots = torch.arange(start, start + num_tokens)

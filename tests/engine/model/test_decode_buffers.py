@@ -157,6 +157,19 @@ def test_decode_steps_of_any_size_reuse_the_buffers():
         assert not meta.decode_mask[:n, ..., width:].any()
 
 
+def test_rotary_positions_can_differ_from_the_slots_they_write():
+    """M-RoPE: a text token after an image sits past its KV slot. The buffers' positions are
+    then the given rotary ones, and the writes still go to the slots of the context."""
+    buffers = DecodeBuffers(4, 8, BLOCK_SIZE, torch.device("cpu"))
+    tables, contexts = [[3, 4], [7]], [BLOCK_SIZE + 2, 3]
+    plain = buffers.fill([5, 6], contexts, tables)
+    slots = buffers.slot_mapping[: plain.rows].tolist()
+    assert buffers.positions[:2].tolist() == [BLOCK_SIZE + 1, 2]
+    rotary = buffers.fill([5, 6], contexts, tables, rope_positions=[40, 9])
+    assert buffers.positions[:2].tolist() == [40, 9]
+    assert buffers.slot_mapping[: rotary.rows].tolist() == slots
+
+
 def test_a_decode_longer_than_the_buffers_is_refused():
     buffers = DecodeBuffers(4, 2, BLOCK_SIZE, torch.device("cpu"))
     with pytest.raises(ValueError, match="pages"):
