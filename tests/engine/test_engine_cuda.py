@@ -101,9 +101,19 @@ def test_a_step_ahead_launch_does_not_wait_for_the_gpu(tiny_model_dir: Path) -> 
     inside it (``torch.cuda.set_sync_debug_mode``) would make the host wait for the step in
     flight. Greedy, temperature, min_tokens and top-k/top-p rows (on a GPU ``_truncate``
     sorts every such row on the device instead of reading a flag back)."""
+    assert_decode_launches_only_queue(tiny_model_dir, with_images=True)
+
+
+def test_a_qwen2_vl_step_ahead_launch_does_not_wait_for_the_gpu(tiny_qwen2_vl_dir: Path) -> None:
+    """The same for an M-RoPE model on the persistent decode buffers: its cos/sin once built
+    their stream index on the host, a blocking copy in every forward (``MRopeTables``)."""
+    assert_decode_launches_only_queue(tiny_qwen2_vl_dir, with_images=False)
+
+
+def assert_decode_launches_only_queue(model_dir: Path, with_images: bool) -> None:
     engine = LLMEngine(
         EngineConfig(
-            model_dir=tiny_model_dir, role=Role.EPD, device="cuda", token_budget=4096,
+            model_dir=model_dir, role=Role.EPD, device="cuda", token_budget=4096,
             image_budget=2, num_kv_blocks=256, async_scheduling=True,
         )
     )  # fmt: skip
@@ -140,7 +150,10 @@ def test_a_step_ahead_launch_does_not_wait_for_the_gpu(tiny_model_dir: Path) -> 
         SamplingParams(max_tokens=12, temperature=0.0, min_tokens=6),
         SamplingParams(max_tokens=12, temperature=0.9, top_k=40, top_p=0.8, seed=5),
     ]
-    for i, (rid, prompt) in enumerate(prompts(tiny_model_dir, engine).items()):
+    requests = prompts(model_dir, engine)
+    if not with_images:
+        requests = {rid: p for rid, p in requests.items() if rid.startswith("text-")}
+    for i, (rid, prompt) in enumerate(requests.items()):
         engine.add_request(rid, prompt, params[i % len(params)], frozenset({2}))
     steps = 0
     while engine.has_work():

@@ -55,24 +55,39 @@ def mrope_positions(
     return positions.long(), delta
 
 
+@dataclass(frozen=True)
+class MRopeTables:
+    """What every forward's cos/sin reads, made once per device: built in each forward, the
+    stream index was a host-to-device copy per step, which on a GPU waits for the device."""
+
+    inv_freq: torch.Tensor  # [D/2] float32
+    stream: torch.Tensor  # [D/2] int64: the stream (t, h, w) each rotary pair reads
+
+    @classmethod
+    def build(
+        cls, head_dim: int, rope_theta: float, mrope_section: Sequence[int], device: torch.device
+    ) -> MRopeTables:
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
+        inv_freq = 1.0 / (rope_theta ** (exponents / head_dim))
+        stream = torch.cat(
+            [torch.full((n,), i, dtype=torch.long) for i, n in enumerate(mrope_section)]
+        )
+        return cls(inv_freq.to(device), stream.to(device))
+
+
 def mrope_cos_sin(
     positions: torch.Tensor,  # [3, T] int64 (or [T]: text, the same in all streams)
-    head_dim: int,
-    rope_theta: float,
-    mrope_section: Sequence[int],
+    tables: MRopeTables,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``[T, head_dim]``: rotary pair ``j`` reads the stream its
-    section assigns it (``mrope_section`` pairs to t, then h, then w; both halves alike)."""
+    section assigns it (``mrope_section`` pairs to t, then h, then w; both halves alike).
+    Device ops only: nothing is copied from the host."""
     if positions.dim() == 1:
         positions = positions.expand(3, -1)
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
-    inv_freq = 1.0 / (rope_theta ** (exponents / head_dim))  # [D/2]
-    freqs = positions.float()[:, :, None] * inv_freq  # [3, T, D/2]
-    stream = torch.cat(
-        [torch.full((n,), i, dtype=torch.long) for i, n in enumerate(mrope_section)]
-    ).to(positions.device)  # [D/2]: the stream of each rotary pair
-    picked = freqs.gather(0, stream.view(1, 1, -1).expand(1, freqs.shape[1], -1))[0]  # [T, D/2]
+    freqs = positions.float()[:, :, None] * tables.inv_freq  # [3, T, D/2]
+    index = tables.stream.view(1, 1, -1).expand(1, freqs.shape[1], -1)
+    picked = freqs.gather(0, index)[0]  # [T, D/2]
     angles = torch.cat((picked, picked), dim=-1)  # [T, D]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

@@ -23,7 +23,7 @@ from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.input_buffers import DecodeBuffers, DecodeFill
 from epd_engine.model.layers import RMSNorm, SwiGLUMLP, activation, apply_rope
 from epd_engine.model.llava import LayerWritten
-from epd_engine.model.mrope import Grid, mrope_cos_sin
+from epd_engine.model.mrope import Grid, MRopeTables, mrope_cos_sin
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
 
@@ -313,9 +313,20 @@ class Qwen2VLLanguage(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._rope_tables: MRopeTables | None = None
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         return self.attention.prepare(batch, self.embed_tokens.weight.device)
+
+    def _tables(self, device: torch.device) -> MRopeTables:
+        """Made at the first forward (the module is built on the meta device, where a
+        buffer would have no values), then reused."""
+        if self._rope_tables is None or self._rope_tables.inv_freq.device != device:
+            config = self.config
+            self._rope_tables = MRopeTables.build(
+                config.head_dim, config.rope_theta, config.mrope_section, device
+            )
+        return self._rope_tables
 
     def decode_buffers(self, max_seqs: int, max_pages: int, block_size: int) -> DecodeBuffers:
         """Persistent decode inputs on this model's device (allocated once, by the runner)."""
@@ -336,15 +347,9 @@ class Qwen2VLLanguage(nn.Module):
         meta: AttentionMetadata,
         layer_written: LayerWritten | None = None,
     ) -> torch.Tensor:  # [T, H], final norm applied
-        config = self.config
         hidden = inputs_embeds.to(self.embed_tokens.weight.dtype)
-        cos, sin = mrope_cos_sin(
-            positions.to(hidden.device),
-            config.head_dim,
-            config.rope_theta,
-            config.mrope_section,
-            hidden.dtype,
-        )
+        cos, sin = mrope_cos_sin(positions.to(hidden.device), self._tables(hidden.device),
+                                 hidden.dtype)  # fmt: skip
         for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden = layer(hidden, cos, sin, kv_cache, meta)
             if layer_written is not None:
