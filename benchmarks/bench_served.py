@@ -297,7 +297,8 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
 def summary_table(summary: dict[str, Any]) -> str:
     """Medians per batch and side, as a Markdown table: throughput, ratios, greedy text, and
     the decode steps' phases in ms (the JSON has every round and the spreads)."""
-    phases = ("schedule", "launch", "wait", "update", "publish")
+    from epd_engine.step_phases import PHASES as phases
+
     head = ["batch", "side", "tokens/s", "÷ generate", "÷ before", "greedy same", "decode steps",
             *(f"{p} ms" for p in phases)]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

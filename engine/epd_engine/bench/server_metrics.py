@@ -64,9 +64,9 @@ def step_phase_means(delta: Samples) -> dict[str, dict[str, Any]]:
     ``step_phases.py``). Empty for a server that does not export them."""
     sums: dict[tuple[str, str], float] = {}
     counts: dict[tuple[str, str], float] = {}
+    into = {"epd_step_phase_seconds_sum": sums, "epd_step_phase_seconds_count": counts}
     for name, value in delta.items():
         family, _, labels = name.partition("{")
-        into = {"epd_step_phase_seconds_sum": sums, "epd_step_phase_seconds_count": counts}
         if family not in into:
             continue
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
