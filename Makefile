@@ -41,17 +41,18 @@ serve-single: venv model ## Run one EPD engine instance on the tiny model (no ro
 test: venv ## Run the test suite (k8s tests start the local control plane when its binaries are built)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: venv ## ruff lint + format check, mypy
+lint: venv ## ruff lint + format check, mypy, the layout's import contracts (import-linter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: venv ## Format and autofix with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-crds: venv ## Regenerate crds/ from operator/epd_operator/spec.py
-	$(PY) -m epd_operator.crdgen crds/
+crds: venv ## Regenerate crds/ from operator/epd_operator/api/spec.py
+	$(PY) -m epd_operator.api.crdgen crds/
 
 cluster-bins: ## Build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm into .build/ (cached)
 	tools/cluster/build.sh
@@ -122,7 +123,7 @@ bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, rou
 .PHONY: bench-disagg
 
 bench-switch: venv model ## Switch under load through every method + a ratio: failures, TTFT around switches, decision->serving (JSON)
-	$(PY) -m epd_operator.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
+	$(PY) -m benchmarks.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
 
 .PHONY: bench-switch
 
@@ -140,6 +141,6 @@ bench-gpu: venv ## GPU only: LLaVA-1.5-7B shapes, decode vs HBM floor, prefill, 
 .PHONY: bench-gpu
 
 demo-loop: venv model ## The loop closes on its own: epdctl up (Auto), text-heavy then image-heavy traffic, re-plans by itself (PNG timeline + JSON)
-	$(PY) -m epd_operator.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png $(if $(COST_MODEL),--cost-model $(COST_MODEL))
+	$(PY) -m benchmarks.demo_loop --model $(MODEL_DIR) --out benchmarks/results/demo-loop.json --png benchmarks/results/demo-loop.png $(if $(COST_MODEL),--cost-model $(COST_MODEL))
 
 .PHONY: demo-loop

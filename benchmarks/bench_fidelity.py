@@ -28,9 +28,6 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from epd_engine.bench.arrivals import at_rate
-from epd_engine.bench.goodput import sweep
-from epd_engine.bench.metrics import LatencyStats, RequestResult
 from epd_engine.bench.report import (
     build_report,
     load_report,
@@ -40,11 +37,14 @@ from epd_engine.bench.report import (
 )
 from epd_engine.bench.sweep_merge import merge_sweeps
 from epd_engine.config import SLO
-from epd_engine.plan import Budgets, Plan
+from epd_engine.contracts.plan import Budgets, Plan
+from epd_engine.contracts.trace import read_trace, summarize_trace
 from epd_engine.profiler.calibrate import calibrate
 from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model, save_cost_model
 from epd_engine.profiler.simulator import cpu_share, simulate
-from epd_engine.trace import read_trace, summarize_trace
+from epd_engine.slo.goodput import sweep
+from epd_engine.slo.outcomes import LatencyStats, RequestResult
+from epd_engine.workload.arrivals import at_rate
 
 MANIFESTS = {
     "E+P+D": "examples/tiny-e-p-d.yaml",
@@ -68,7 +68,7 @@ def _flag(extra_args: list[str], name: str) -> int | None:
 def manifest_plan(path: str, cost: FittedCostModel) -> tuple[str, Plan, FittedCostModel]:
     """(deployment name, plan with the manifest's budgets, cost model with its cache sizes and
     the link of its transfer backend: `epdctl up` runs every instance on this host)."""
-    from epd_operator.spec import EPDDeployment, fixed_plan
+    from epd_operator.api.spec import EPDDeployment, fixed_plan
 
     deployment = EPDDeployment.from_yaml(path)
     spec = deployment.spec

@@ -32,10 +32,9 @@ from typing import Any
 
 from mixed_trace import MIXED, MIXED_RATE_RPS, MIXED_SLO, mixed_trace
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.workloads import synthesize
 from epd_engine.config import SLO, Role
-from epd_engine.plan import Budgets
+from epd_engine.contracts.plan import Budgets
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler import simulator
 from epd_engine.profiler.cost_model import Capacity, load_cost_model
 from epd_engine.profiler.evaluate import Evaluator
@@ -44,7 +43,8 @@ from epd_engine.profiler.search import exhaustive_search, heuristic_search, tabl
 from epd_engine.profiler.search_legacy import bisection_search
 from epd_engine.profiler.sim_instance import build_scheduler
 from epd_engine.profiler.sim_scheduler import EngineScheduler, SimScheduler
-from epd_engine.trace import TraceRecord
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import synthesize
 
 # (name, workload, ttft_s, tpot_s): HydraInfer's TextCaps under a tight TTFT, and EPD-Serve's
 # mixed VisualWebInstruct (half text-only, 64 tokens out) at its SLOs (2 s / 50 ms, 0.8 s / 30 ms).

@@ -203,7 +203,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
     from epd_engine.bench.server_metrics import difference, scrape, step_phase_means
-    from epd_engine.gc_heap import freeze_startup_heap
+    from epd_engine.engine.gc_heap import freeze_startup_heap
     from epd_engine.model.model_config import LlavaModelConfig
 
     torch.set_num_threads(args.threads)
@@ -297,7 +297,7 @@ async def bench(args: argparse.Namespace, before: Path | None) -> dict[str, Any]
 def summary_table(summary: dict[str, Any]) -> str:
     """Medians per batch and side, as a Markdown table: throughput, ratios, greedy text, and
     the decode steps' phases in ms (the JSON has every round and the spreads)."""
-    from epd_engine.step_phases import PHASES as phases
+    from epd_engine.engine.step_phases import PHASES as phases
 
     head = ["batch", "side", "tokens/s", "÷ generate", "÷ before", "greedy same", "decode steps",
             *(f"{p} ms" for p in phases)]  # fmt: skip

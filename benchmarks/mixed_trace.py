@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.distributions import SizeChoice, Uniform
-from epd_engine.bench.workloads import WorkloadShape, synthesize
 from epd_engine.config import SLO
-from epd_engine.trace import TraceRecord
+from epd_engine.contracts.trace import TraceRecord
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.distributions import SizeChoice, Uniform
+from epd_engine.workload.generators import WorkloadShape, synthesize
 
 MIXED = WorkloadShape(
     "mixed",

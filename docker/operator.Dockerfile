@@ -18,10 +18,10 @@ COPY pyproject.toml requirements.lock README.md ./
 COPY engine/ engine/
 COPY operator/ operator/
 RUN pip install -c requirements.lock ".[operator]" \
-    && python -c "import epd_operator.handlers"
+    && python -c "import epd_operator.kube.handlers"
 
 RUN useradd --uid 10001 epd
 USER 10001
 EXPOSE 8080
-CMD ["kopf", "run", "-m", "epd_operator.handlers", "--standalone", "--all-namespaces", \
+CMD ["kopf", "run", "-m", "epd_operator.kube.handlers", "--standalone", "--all-namespaces", \
      "--liveness=http://0.0.0.0:8080/healthz"]

@@ -12,7 +12,8 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from epd_engine import __version__, commands, startup
+from epd_engine import __version__, commands
+from epd_engine.engine import startup
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 
 from epd_engine.config import internal_token, internal_token_set
-from epd_engine.gpu_placement import local_gpu_slots
-from epd_engine.plan import Plan
+from epd_engine.contracts.gpu_placement import local_gpu_slots
+from epd_engine.contracts.plan import Plan
 
 
 @dataclass(frozen=True)

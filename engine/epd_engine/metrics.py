@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from epd_engine.config import SLO
-from epd_engine.gc_heap import GcPauses
+from epd_engine.engine.gc_heap import GcPauses
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.2, 0.3, 0.6, 1)

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from epd_engine.async_engine import AsyncEngine, FinalWake, RequestOutput
 from epd_engine.config import EngineConfig
-from epd_engine.engine import LLMEngine
-from epd_engine.processor import InputProcessor, PreparedPrompt
+from epd_engine.engine.async_engine import AsyncEngine, FinalWake, RequestOutput
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
 
 T = TypeVar("T")

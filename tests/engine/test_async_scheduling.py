@@ -18,14 +18,14 @@ import pytest
 
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
-from epd_engine.engine_inflight import InflightStep, resolve
-from epd_engine.processor import PreparedPrompt
+from epd_engine.engine.inflight import InflightStep, resolve
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.processor import PreparedPrompt
 from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
-from epd_engine.runner import LaunchedStep
-from epd_engine.sampled_batch import SampledBatch
 from epd_engine.sampling import SampledToken, SamplingParams
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
+from epd_engine.worker.model_runner import LaunchedStep
+from epd_engine.worker.sampled_batch import SampledBatch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[1, 5 + i, 17, 40 + 3 * i, 9, 22 + i] for i in range(6)]

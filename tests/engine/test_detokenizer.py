@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from epd_engine.detokenizer import Detokenizer
+from epd_engine.engine.detokenizer import Detokenizer
 
 PIECES = [
     "héllo",

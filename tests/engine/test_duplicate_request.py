@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
-from epd_engine.processor import PreparedPrompt
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.processor import PreparedPrompt
 from epd_engine.sampling import SamplingParams
 
 

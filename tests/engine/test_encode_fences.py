@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from epd_engine.encode_stream import EncodeFences, EncodeStream
+from epd_engine.worker.encode_stream import EncodeFences, EncodeStream
 
 
 class Fence:

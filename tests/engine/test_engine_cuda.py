@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
-from epd_engine.images import LoadedImage
-from epd_engine.processor import InputProcessor, PreparedPrompt
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.images import LoadedImage
+from epd_engine.inputs.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,7 @@ import pytest
 from epd_engine.cli import UserError, build_parser
 from epd_engine.commands.serve import engine_config
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
+from epd_engine.engine.llm_engine import LLMEngine
 
 
 def _budget(

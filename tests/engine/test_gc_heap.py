@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from epd_engine.gc_heap import GcPauses, freeze_startup_heap
+from epd_engine.engine.gc_heap import GcPauses, freeze_startup_heap
 from tests.processes import free_port, running
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd_engine.gpu_placement import GpuSlots, visible_gpus
+from epd_engine.contracts.gpu_placement import GpuSlots, visible_gpus
 
 
 def test_visible_gpus_follow_the_launchers_own_list() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd_engine.kv_sizing import GpuMemory, kv_block_bytes, kv_blocks_for_memory
+from epd_engine.worker.kv_sizing import GpuMemory, kv_block_bytes, kv_blocks_for_memory
 
 GIB = 1 << 30
 

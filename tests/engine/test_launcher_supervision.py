@@ -14,8 +14,8 @@ from pathlib import Path
 
 from epd_engine.commands.up import _stop_run
 from epd_engine.config import Method
+from epd_engine.contracts.plan import Plan
 from epd_engine.launcher import LaunchSpec, LocalSystem, Process
-from epd_engine.plan import Plan
 
 
 def system(tmp_path: Path) -> LocalSystem:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from epd_engine.inputs.processor import InputProcessor, _backend_decode
 from epd_engine.model.registry import load_model_config
-from epd_engine.processor import InputProcessor, _backend_decode
 
 
 @pytest.fixture(params=["llava", "qwen2-vl"])

@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
-from epd_engine.images import LoadedImage
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.images import LoadedImage
+from epd_engine.inputs.processor import InputProcessor, PreparedPrompt
 from epd_engine.model.qwen2_vl_processor import load_qwen2_vl_processor
-from epd_engine.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
 from tests.engine.model.prompts import make_images
 

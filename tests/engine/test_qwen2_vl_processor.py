@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from epd_engine.errors import ClientError
-from epd_engine.images import LoadedImage
+from epd_engine.contracts.errors import ClientError
+from epd_engine.inputs.images import LoadedImage
+from epd_engine.inputs.processor import InputProcessor
 from epd_engine.model.registry import load_model_config
-from epd_engine.processor import InputProcessor
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ import pytest
 import torch
 from PIL import Image
 
-from epd_engine.async_engine import AsyncEngine, RequestOutput, RequestOutputStream
 from epd_engine.config import EngineConfig, Role
-from epd_engine.detokenizer import Detokenizer
-from epd_engine.engine import REQUEST_FAILED, LLMEngine, StepStats
-from epd_engine.images import LoadedImage
-from epd_engine.processor import InputProcessor, PreparedPrompt
+from epd_engine.engine.async_engine import AsyncEngine, RequestOutput, RequestOutputStream
+from epd_engine.engine.detokenizer import Detokenizer
+from epd_engine.engine.llm_engine import REQUEST_FAILED, LLMEngine, StepStats
+from epd_engine.inputs.images import LoadedImage
+from epd_engine.inputs.processor import InputProcessor, PreparedPrompt
 from epd_engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from epd_engine.config import EngineConfig
-from epd_engine.engine import LLMEngine, StepStats
-from epd_engine.processor import PreparedPrompt
-from epd_engine.runner import LaunchedStep
+from epd_engine.engine.llm_engine import LLMEngine, StepStats
+from epd_engine.engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT, step_kind
+from epd_engine.inputs.processor import PreparedPrompt
 from epd_engine.sampling import SamplingParams
-from epd_engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT, step_kind
+from epd_engine.worker.model_runner import LaunchedStep
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 HOST_S = 0.03  # the fake launch's host work

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from epd_engine.trace import (
+from epd_engine.contracts.trace import (
     ImageRef,
     TraceFormatError,
     TraceRecord,

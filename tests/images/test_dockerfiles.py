@@ -96,17 +96,17 @@ def module_after_dash_m(cmd: list[str]) -> str:
 
 
 def test_operator_image_contains_every_module_its_entry_point_imports(tmp_path: Path) -> None:
-    """Defect: operator.Dockerfile copied three files of epd_engine, but epd_operator.handlers
+    """Defect: operator.Dockerfile copied three files of epd_engine, but epd_operator.kube.handlers
     imports epd_engine.transfer and epd_engine.profiler, so the image build failed."""
     dockerfile = parse(DOCKER / "operator.Dockerfile")
     entry = module_after_dash_m(dockerfile.cmd)
-    assert entry == "epd_operator.handlers"
+    assert entry == "epd_operator.kube.handlers"
     workdir = assemble(dockerfile, tmp_path)
     # No torch in the operator image: an import of it fails here as it would there.
     proc = run_in_context(
         workdir,
         f"import sys; sys.modules['torch'] = None; import {entry}; "
-        "import epd_operator.handlers as h; print(h.__file__)",
+        "import epd_operator.kube.handlers as h; print(h.__file__)",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().startswith(str(workdir)), proc.stdout

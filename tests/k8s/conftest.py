@@ -244,7 +244,7 @@ def operator(
     }
     log = (LOG_DIR / "operator.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kopf", "run", "-m", "epd_operator.handlers",
+        [sys.executable, "-m", "kopf", "run", "-m", "epd_operator.kube.handlers",
          "--all-namespaces", "--standalone", "--verbose"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
     )  # fmt: skip

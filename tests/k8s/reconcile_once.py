@@ -12,10 +12,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from epd_operator import api_errors
-from epd_operator.controller import reconcile
-from epd_operator.kube import Kube
-from epd_operator.spec import GROUP, PLURAL, VERSION
+from epd_operator.api.spec import GROUP, PLURAL, VERSION
+from epd_operator.kube import api_errors
+from epd_operator.kube.client import Kube
+from epd_operator.kube.controller import reconcile
 
 
 @dataclass

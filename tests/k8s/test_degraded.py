@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from epd_operator import resources as r
+from epd_operator.kube import manifests as r
 from tests.k8s.conftest import ROOT, Cluster
 from tests.k8s.reconcile_once import Pass, condition
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_operator import resources as r
+from epd_operator.kube import manifests as r
 from tests.k8s.conftest import LOG_DIR, Cluster, wait_until
 from tests.k8s.real_node import (
     Traffic,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from epd_engine.plan import Plan
-from epd_operator.loop import PlanChoice
-from epd_operator.resources import Owner
-from epd_operator.spec import EPDDeploymentSpec
+from epd_engine.contracts.plan import Plan
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.kube.manifests import Owner
+from epd_operator.planning.choice import PlanChoice
 
 
 def make_spec_dict(**overrides: Any) -> dict[str, Any]:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from epd_operator.controller import invalid_spec_status, merge_conditions
-from epd_operator.loop import WorkloadStats
-from epd_operator.plan_pass import from_snapshot, snapshot
+from epd_operator.kube.controller import invalid_spec_status, merge_conditions
+from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.plan_pass import from_snapshot, snapshot
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

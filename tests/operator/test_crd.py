@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epd_operator import crdgen
+from epd_operator.api import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 

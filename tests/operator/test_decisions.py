@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan, Prediction
+from epd_engine.contracts.plan import Plan, Prediction
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.reference import reference_cost_model
-from epd_engine.trace import TraceRecord
-from epd_operator.loop import (
+from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus
+from epd_operator.planning.choice import (
     PlanningError,
     Proposal,
     WorkloadStats,
     choose_plan,
     heuristic_plan,
 )
-from epd_operator.planner import auto_planner, profiler_proposal, workload_stats
-from epd_operator.spec import EPDDeploymentSpec, PlanStatus
+from epd_operator.planning.planner import auto_planner, profiler_proposal, workload_stats
 from tests.operator.test_planner import auto_spec, trace
 
 CURRENT = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epd_operator.demo_loop import PlanPoint, Sample, decisions, plot, switches, timeline
+from benchmarks.demo_loop import PlanPoint, Sample, decisions, plot, switches, timeline
 
 
 def points() -> list[PlanPoint]:

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from epd_engine.api.auth import internal_headers
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan
-from epd_engine.server.auth import internal_headers
-from epd_operator import resources as r
-from epd_operator.resources import Owner
+from epd_engine.contracts.plan import Plan
+from epd_operator.kube import manifests as r
+from epd_operator.kube.manifests import Owner
 from tests.engine.router.live import dispatcher, live_router
 from tests.operator.conftest import make_owner
 

@@ -18,21 +18,27 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.workloads import synthesize
+from benchmarks.demo_loop import up_args
 from epd_engine.profiler.cost_model import save_cost_model
 from epd_engine.profiler.links import LinkCoeffs
 from epd_engine.profiler.reference import reference_cost_model
-from epd_operator import local_reconciler
-from epd_operator.cost_file import checkpoint_mismatch, cost_source, describe, file_cost_source
-from epd_operator.demo_loop import up_args
-from epd_operator.local_pools import LocalEngines
-from epd_operator.local_reconciler import LocalReconciler
-from epd_operator.loop import ConditionState, Decision
-from epd_operator.planner import REFERENCE_LABEL
-from epd_operator.rollout_driver import RolloutOutcome
-from epd_operator.router_api import TraceWindow
-from epd_operator.spec import EPDDeploymentSpec
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import synthesize
+from epd_operator.api.conditions import ConditionState
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.local import reconciler as local_reconciler
+from epd_operator.local.pools import LocalEngines
+from epd_operator.local.reconciler import LocalReconciler
+from epd_operator.planning.cost_file import (
+    checkpoint_mismatch,
+    cost_source,
+    describe,
+    file_cost_source,
+)
+from epd_operator.planning.planner import REFERENCE_LABEL
+from epd_operator.rollout.driver import RolloutOutcome
+from epd_operator.rollout.router_api import TraceWindow
+from epd_operator.rollout.state_machine import Decision
 from tests.operator.conftest import make_spec_dict
 from tests.processes import EPDCTL
 
@@ -198,7 +204,7 @@ def test_up_announces_its_cost_model_and_warns_of_what_it_cannot_use(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No process starts here: ``LocalRun`` is built and its start-up events read."""
-    from epd_operator.local_run import LocalRun, Options
+    from epd_operator.local.run import LocalRun, Options
 
     text = yaml.safe_dump(
         {

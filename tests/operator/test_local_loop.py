@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epd_operator.local_run import MANIFEST, manifest_generation, read_state, write_manifest
-from epd_operator.switch_drill import Traffic
+from benchmarks.switch_drill import Traffic
+from epd_operator.local.run import MANIFEST, manifest_generation, read_state, write_manifest
 from tests.processes import EPDCTL, free_port
 
 

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 import pytest
 
 from epd_engine.config import Role
-from epd_operator import local_pools
-from epd_operator.local_pools import LocalEngines, LocalPools
-from epd_operator.resources import PoolSpec
+from epd_operator.kube.manifests import PoolSpec
+from epd_operator.local import pools as local_pools
+from epd_operator.local.pools import LocalEngines, LocalPools
 
 
 class FakePopen:

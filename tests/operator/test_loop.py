@@ -8,22 +8,24 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan
-from epd_operator import resources as r
-from epd_operator.loop import (
+from epd_engine.contracts.plan import Plan
+from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus
+from epd_operator.kube import manifests as r
+from epd_operator.planning.choice import (
+    WorkloadStats,
+    choose_plan,
+    heuristic_plan,
+    workload_shift_percent,
+)
+from epd_operator.rollout.state_machine import (
     ALL_STAGES,
     Decision,
     Observed,
     ObservedPool,
     RouterView,
-    WorkloadStats,
-    choose_plan,
-    heuristic_plan,
     rollout_step,
     stages_served,
-    workload_shift_percent,
 )
-from epd_operator.spec import EPDDeploymentSpec, PlanStatus
 from tests.operator.conftest import make_owner, make_spec_dict, plan_and_ran
 
 OLD = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})

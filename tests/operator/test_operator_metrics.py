@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from epd_operator import operator_metrics as m
+from epd_operator.kube import operator_metrics as m
 from tests.operator.test_router_api import _free_port
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from epd_operator import handlers
-from epd_operator.settings import OperatorSettings
+from epd_operator.kube import handlers
+from epd_operator.kube.settings import OperatorSettings
 
 SETTINGS = OperatorSettings(resync_s=10.0, rollout_resync_s=2.0)
 

@@ -9,15 +9,16 @@ from typing import Any
 
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.workloads import random_mm, synthesize
 from epd_engine.config import SLO, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import ImageRef, TraceRecord
 from epd_engine.profiler.links import LinkCoeffs
 from epd_engine.profiler.reference import reference_cost_model
-from epd_engine.trace import ImageRef, TraceRecord
-from epd_operator.loop import WorkloadStats, choose_plan, heuristic_plan
-from epd_operator.planner import (
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import random_mm, synthesize
+from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus
+from epd_operator.planning.choice import WorkloadStats, choose_plan, heuristic_plan
+from epd_operator.planning.planner import (
     REFERENCE_LABEL,
     PlanningError,
     auto_planner,
@@ -28,7 +29,6 @@ from epd_operator.planner import (
     subsample,
     workload_stats,
 )
-from epd_operator.spec import EPDDeploymentSpec, PlanStatus
 from tests.operator.conftest import make_spec_dict, plan_and_ran
 
 # Four small (336x336, 576-token) images per request, short text and answers.

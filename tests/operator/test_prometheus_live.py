@@ -20,13 +20,13 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.switch_drill import Traffic, prompts
 from epd_engine.config import SLO
-from epd_operator.loop import choose_plan, heuristic_planner
-from epd_operator.planner import workload_stats
-from epd_operator.prometheus import Prometheus, with_live_attainment
-from epd_operator.router_api import RouterAPI
-from epd_operator.spec import EPDDeployment, PlanStatus
-from epd_operator.switch_drill import Traffic, prompts
+from epd_operator.api.spec import EPDDeployment, PlanStatus
+from epd_operator.planning.choice import choose_plan, heuristic_planner
+from epd_operator.planning.planner import workload_stats
+from epd_operator.planning.prometheus import Prometheus, with_live_attainment
+from epd_operator.rollout.router_api import RouterAPI
 from tests.operator.test_dashboards import dashboard_files, load, queries
 from tests.processes import EPDCTL, free_port
 from tests.prometheus_server import label_values, prometheus, query

@@ -8,9 +8,9 @@ import pytest
 
 from epd_engine.cli import UserError
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan
-from epd_operator import resources as r
-from epd_operator.resources import Owner
+from epd_engine.contracts.plan import Plan
+from epd_operator.kube import manifests as r
+from epd_operator.kube.manifests import Owner
 from tests.operator.conftest import make_owner
 
 PLAN = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})

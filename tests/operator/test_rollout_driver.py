@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan
-from epd_operator import resources as r
-from epd_operator.loop import ObservedPool
-from epd_operator.resources import PoolSpec
-from epd_operator.rollout_driver import RolloutState, rollout_pass
-from epd_operator.router_fleet import RouterFleet
+from epd_engine.contracts.plan import Plan
+from epd_operator.kube import manifests as r
+from epd_operator.kube.manifests import PoolSpec
+from epd_operator.rollout.driver import RolloutState, rollout_pass
+from epd_operator.rollout.router_fleet import RouterFleet
+from epd_operator.rollout.state_machine import ObservedPool
 from tests.operator.conftest import make_owner
 from tests.operator.test_router_api import TOKEN, _free_port, start_router, start_routers
 

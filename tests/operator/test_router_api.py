@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from epd_engine.config import Method, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord, write_trace
 from epd_engine.router.settings import RouterSettings
-from epd_engine.trace import TraceRecord, write_trace
-from epd_operator import resources as r
-from epd_operator.router_api import RouterAPI, parse_in_flight
+from epd_operator.kube import manifests as r
+from epd_operator.rollout.router_api import RouterAPI, parse_in_flight
 from tests.operator.conftest import make_owner
 
 TOKEN = "test-token"

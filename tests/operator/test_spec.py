@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from epd_engine.config import Method, Role
-from epd_operator.spec import EPDDeployment, EPDDeploymentSpec, ManifestError, fixed_plan
+from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError, fixed_plan
 from tests.operator.conftest import make_spec_dict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "k8s"

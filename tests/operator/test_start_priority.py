@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from epd_engine.config import Role
-from epd_operator import local_pools, start_priority
-from epd_operator.local_pools import LocalEngines, LocalPools
-from epd_operator.resources import PoolSpec
+from epd_operator.kube.manifests import PoolSpec
+from epd_operator.local import pools as local_pools
+from epd_operator.local import start_priority
+from epd_operator.local.pools import LocalEngines, LocalPools
 
 # threads made after the parent lowered it: they inherit the main thread's nice value
 CHILD = (

@@ -3,8 +3,8 @@ slowest new replica's start, phase by phase, adds up to the measured time."""
 
 from __future__ import annotations
 
-from epd_operator.local_pools import StartupTimeline
-from epd_operator.switch_drill import Switch, phases
+from benchmarks.switch_drill import Switch, phases
+from epd_operator.local.pools import StartupTimeline
 
 
 def _switch(started: list[StartupTimeline]) -> Switch:

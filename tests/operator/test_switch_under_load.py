@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from epd_operator.local_pools import LocalEngines
-from epd_operator.switch_drill import ENGINE_ARGS, MODEL_NAME, SEQUENCE, report, run_drill
+from benchmarks.switch_drill import ENGINE_ARGS, MODEL_NAME, SEQUENCE, report, run_drill
+from epd_operator.local.pools import LocalEngines
 from tests.operator.test_router_api import _free_port, _wait_live
 
 pytestmark = pytest.mark.slow

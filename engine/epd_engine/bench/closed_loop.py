@@ -24,8 +24,8 @@ from epd_engine.bench.driver import (
     warm_up,
     with_ids,
 )
-from epd_engine.bench.metrics import RequestResult
-from epd_engine.trace import TraceRecord, sort_by_arrival
+from epd_engine.contracts.trace import TraceRecord, sort_by_arrival
+from epd_engine.slo.outcomes import RequestResult
 
 
 def _requests(

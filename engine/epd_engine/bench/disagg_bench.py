@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 
 from epd_engine.bench.driver import DriverConfig, Messages, prepare_messages, run_trace
-from epd_engine.bench.metrics import LatencyStats, RequestResult, summarize
 from epd_engine.bench.process_cpu import cpu_seconds
-from epd_engine.bench.workloads import WorkloadShape, generate, random_mm
 from epd_engine.config import Method
+from epd_engine.contracts.plan import Budgets, Plan
+from epd_engine.contracts.trace import TraceRecord, parse_trace
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
-from epd_engine.plan import Budgets, Plan
-from epd_engine.trace import TraceRecord, parse_trace
+from epd_engine.slo.outcomes import LatencyStats, RequestResult, summarize
+from epd_engine.workload.generators import WorkloadShape, generate, random_mm
 
 ENGINE_ARGS = ["--num-kv-blocks", "256", "--num-image-blocks", "16", "--max-num-running", "16"]
 BUDGETS = Budgets(token_budget=256, image_budget=4)

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epd_engine.bench.arrivals import at_rate
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.bench.payloads import Payload, chat_payload
-from epd_engine.bench.sessions import Turn, plan_turns
 from epd_engine.bench.token_prompts import TokenExactPrompts
-from epd_engine.trace import TraceRecord, sort_by_arrival
+from epd_engine.contracts.trace import TraceRecord, sort_by_arrival
+from epd_engine.slo.outcomes import RequestResult
+from epd_engine.workload.arrivals import at_rate
+from epd_engine.workload.sessions import Turn, plan_turns
 
 # Non-standard chunk field a server may use to report per-stage seconds (encode, prefill, ...).
 STAGE_FIELD = "epd_stage_s"

@@ -91,7 +91,7 @@ class EngineBench:
         from transformers import LlavaForConditionalGeneration
 
         from epd_engine.config import EngineConfig
-        from epd_engine.engine import LLMEngine
+        from epd_engine.engine.llm_engine import LLMEngine
         from epd_engine.model.model_config import LlavaModelConfig
         from epd_engine.model.registry import LLAVA, family_of
 
@@ -133,7 +133,7 @@ class EngineBench:
 
     # ---- ours -----------------------------------------------------------------------------
     def run_ours(self, prompts: list[list[int]], max_tokens: int) -> RunResult:
-        from epd_engine.processor import PreparedPrompt
+        from epd_engine.inputs.processor import PreparedPrompt
 
         engine = self.engine
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

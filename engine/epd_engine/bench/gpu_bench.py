@@ -22,16 +22,16 @@ from torch import nn
 
 from epd_engine.bench.gpu_timing import Timing, copy_bandwidth, matmul_flops, time_cuda
 from epd_engine.config import Stage
-from epd_engine.encode_stream import EncodeStream
 from epd_engine.model.attention import AttentionBackend
 from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.decode_graphs import capture_graph
 from epd_engine.model.llava import LlavaLanguage, LlavaVision
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import PRESETS
-from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.sampling import SamplingParams, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
+from epd_engine.worker.encode_stream import EncodeStream
+from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
 BLOCK = 16
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from epd_engine.trace import ImageRef, TraceRecord
+from epd_engine.contracts.trace import ImageRef, TraceRecord
 
 if TYPE_CHECKING:
     from epd_engine.bench.token_prompts import TokenExactPrompts

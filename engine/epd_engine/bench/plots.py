@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO
+from epd_engine.slo.outcomes import RequestResult
 
 
 def _pyplot() -> Any:

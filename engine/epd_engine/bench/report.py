@@ -20,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epd_engine.bench.goodput import GoodputResult, RatePoint
-from epd_engine.bench.metrics import BenchSummary, RequestResult
 from epd_engine.config import SLO
+from epd_engine.slo.goodput import GoodputResult, RatePoint
+from epd_engine.slo.outcomes import BenchSummary, RequestResult
 
 REPORT_KIND = "epd-bench"
 REPORT_VERSION = 1

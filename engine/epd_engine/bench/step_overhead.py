@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from epd_engine.detokenizer import Detokenizer
+from epd_engine.engine.detokenizer import Detokenizer
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.attention_torch import TorchPagedAttention
 from epd_engine.model.input_buffers import DecodeBuffers
-from epd_engine.sampler import Sampler
 from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
+from epd_engine.worker.sampler import Sampler
 
 
 def best_ms(run: Callable[[], object], repeats: int = 5) -> float:

@@ -34,14 +34,14 @@ import torch
 
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role
-from epd_engine.detokenizer import Detokenizer
+from epd_engine.engine.detokenizer import Detokenizer
 from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.llava import LlavaLanguage
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.request import Request, RequestStatus
-from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
 from epd_engine.scheduler.scheduler import Scheduler, SchedulerLimits
+from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
 BLOCK_SIZE = 16
 SHAPE_7B: dict[str, Any] = {  # Mistral-7B (llava-v1.6-mistral-7b's decoder)

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from epd_engine.bench.link_limits import Limit, limit_for
-from epd_engine.bench.metrics import LatencyStats
 from epd_engine.bench.transfer_peer import fill
 from epd_engine.bench.transfer_shapes import REQUEST_ID, TransferShape
 from epd_engine.bench.transfer_sources import TOKEN, expose, sources
+from epd_engine.slo.outcomes import LatencyStats
 from epd_engine.transfer.backend import CacheRegions, Exports, PageTransfer, Peer
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import PrivateMemory

@@ -30,7 +30,6 @@ from typing import Any
 import httpx
 import torch
 
-from epd_engine.bench.metrics import LatencyStats
 from epd_engine.bench.transfer_peer import CacheSpec, fill
 from epd_engine.bench.transfer_shapes import (
     DEFAULT_TOKENS,
@@ -39,6 +38,7 @@ from epd_engine.bench.transfer_shapes import (
     llava_7b_shape,
 )
 from epd_engine.bench.transfer_sources import TOKEN, expose, sources
+from epd_engine.slo.outcomes import LatencyStats
 from epd_engine.transfer.backend import CacheRegions, Exports, PageTransfer, Peer, TransferError
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import PrivateMemory

@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from epd_operator.local_run import MANIFEST, read_state, write_manifest
-    from epd_operator.spec import EPDDeployment, ManifestError
+    from epd_operator.api.spec import EPDDeployment, ManifestError
+    from epd_operator.local.run import MANIFEST, read_state, write_manifest
 
     try:
         deployment = EPDDeployment.from_yaml(args.file)

@@ -74,7 +74,7 @@ def _discover_model(endpoint: str, api_key: str) -> str:
 
 
 def _records(args: argparse.Namespace) -> list[Any]:
-    from epd_engine.bench.arrivals import at_rate
+    from epd_engine.workload.arrivals import at_rate
 
     if args.trace and args.workload:
         raise UserError("use either --trace or --workload, not both")
@@ -180,12 +180,12 @@ def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]],
 def _bench(args: argparse.Namespace) -> int:
     from epd_engine.bench.closed_loop import closed_loop
     from epd_engine.bench.driver import DriverConfig, payloads_for, rate_runner, replay
-    from epd_engine.bench.goodput import find_goodput, sweep
-    from epd_engine.bench.metrics import summarize
     from epd_engine.bench.report import build_report, export_requests, load_report, write_report
     from epd_engine.bench.server_metrics import metrics_report, scrape
     from epd_engine.config import SLO
-    from epd_engine.trace import mean_rate_rps, summarize_trace, write_trace
+    from epd_engine.contracts.trace import mean_rate_rps, summarize_trace, write_trace
+    from epd_engine.slo.goodput import find_goodput, sweep
+    from epd_engine.slo.outcomes import summarize
 
     try:
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, attainment=args.attainment)

@@ -14,11 +14,11 @@ from epd_engine.cli import UserError
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from epd_engine.bench.profile_costs import ProfileConfig, profile_costs, samples_json
     from epd_engine.config import SLO, Role
     from epd_engine.model.model_config import ModelFormatError
     from epd_engine.profiler.budgets import derive_budgets
     from epd_engine.profiler.cost_model import save_cost_model
-    from epd_engine.profiler.profile import ProfileConfig, profile_costs, samples_json
 
     if args.reuse is not None:
         return _recalibrate(args)

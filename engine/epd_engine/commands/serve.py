@@ -189,7 +189,7 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from epd_engine import startup
+    from epd_engine.engine import startup
     from epd_engine.server.app import ServerSettings, create_app
     from epd_engine.transfer.factory import check_backend
 

@@ -45,10 +45,10 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
 
 def load_inputs(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     """(records, cost model, SLO) from the shared flags; UserError on any bad input."""
-    from epd_engine.bench.arrivals import at_rate
     from epd_engine.config import SLO
     from epd_engine.profiler.cost_model import load_cost_model
     from epd_engine.profiler.reference import reference_cost_model
+    from epd_engine.workload.arrivals import at_rate
 
     if args.trace and args.workload:
         raise UserError("use either --trace or --workload, not both")
@@ -84,7 +84,7 @@ def link_label(cost: Any) -> str:
 def parse_pools(text: str) -> Any:
     """``1E3P4D`` (or ``E=1,P=3,D=4``) -> Plan; the method follows from the roles."""
     from epd_engine.config import Method, Role
-    from epd_engine.plan import Plan
+    from epd_engine.contracts.plan import Plan
 
     compact = text.replace(" ", "")
     if "=" in compact:
@@ -108,7 +108,7 @@ def parse_pools(text: str) -> Any:
 def _load_plan(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from epd_engine.plan import Plan
+    from epd_engine.contracts.plan import Plan
 
     if bool(args.plan) == bool(args.pools):
         raise UserError("give exactly one of --plan PLAN.json or --pools 1E3P4D")
@@ -123,14 +123,14 @@ def _load_plan(args: argparse.Namespace) -> Any:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from epd_engine.bench.arrivals import at_rate
-    from epd_engine.bench.goodput import find_goodput
-    from epd_engine.bench.metrics import summarize
     from epd_engine.bench.report import build_report, write_report
+    from epd_engine.contracts.trace import mean_rate_rps, summarize_trace
     from epd_engine.profiler.candidates import Candidate
     from epd_engine.profiler.evaluate import Evaluator
     from epd_engine.profiler.simulator import Simulator
-    from epd_engine.trace import mean_rate_rps, summarize_trace
+    from epd_engine.slo.goodput import find_goodput
+    from epd_engine.slo.outcomes import summarize
+    from epd_engine.workload.arrivals import at_rate
 
     records, cost, slo = load_inputs(args)
     plan = _load_plan(args)

@@ -47,7 +47,7 @@ _MM_FLAGS = ("input_len", "output_len", "range_ratio", "images_per_request",
 
 def _shape_from_args(args: argparse.Namespace) -> Any:
     """The workload name, or a random-mm shape built from its flags."""
-    from epd_engine.bench.workloads import random_mm
+    from epd_engine.workload.generators import random_mm
 
     given = {name: getattr(args, name) for name in _MM_FLAGS if getattr(args, name) is not None}
     if not given:
@@ -83,8 +83,8 @@ def add_format_arg(parser: argparse.ArgumentParser) -> None:
 
 def generate_from_args(args: argparse.Namespace) -> list[Any]:
     """Build a trace from the workload flags; UserError on bad values."""
-    from epd_engine.bench.arrivals import ArrivalSpec
-    from epd_engine.bench.workloads import synthesize
+    from epd_engine.workload.arrivals import ArrivalSpec
+    from epd_engine.workload.generators import synthesize
 
     if args.rate is None:
         raise UserError("--rate is required with --workload")
@@ -106,8 +106,8 @@ def generate_from_args(args: argparse.Namespace) -> list[Any]:
 
 def load_trace(path: str, fmt: str = "auto") -> list[Any]:
     """A trace in any supported format (``trace_formats.FORMATS``), or a clear error."""
-    from epd_engine.bench.trace_formats import read_any
-    from epd_engine.trace import TraceFormatError
+    from epd_engine.contracts.trace import TraceFormatError
+    from epd_engine.workload.trace_formats import read_any
 
     try:
         records = read_any(path, fmt)
@@ -119,7 +119,7 @@ def load_trace(path: str, fmt: str = "auto") -> list[Any]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from epd_engine.trace import summarize_trace, write_trace
+    from epd_engine.contracts.trace import summarize_trace, write_trace
 
     records = generate_from_args(args)
     write_trace(records, args.output)
@@ -128,7 +128,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from epd_engine.trace import summarize_trace
+    from epd_engine.contracts.trace import summarize_trace
 
     summary = summarize_trace(load_trace(args.trace, args.format))
     if args.json:
@@ -141,8 +141,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from epd_engine.bench.arrivals import at_rate
-    from epd_engine.trace import write_trace
+    from epd_engine.contracts.trace import write_trace
+    from epd_engine.workload.arrivals import at_rate
 
     if args.rate <= 0:
         raise UserError(f"--rate must be > 0, got {args.rate}")
@@ -153,7 +153,7 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _window(args: argparse.Namespace) -> int:
-    from epd_engine.trace import tail_window, window, write_trace
+    from epd_engine.contracts.trace import tail_window, window, write_trace
 
     records = load_trace(args.trace)
     if args.last is not None:
@@ -169,7 +169,7 @@ def _window(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from epd_engine.trace import split_history, write_trace
+    from epd_engine.contracts.trace import split_history, write_trace
 
     try:
         history, evaluation = split_history(load_trace(args.trace), args.history_fraction)
@@ -184,8 +184,8 @@ def _split(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     from epd_engine.bench.token_prompts import PromptLengthError, TokenExactPrompts
-    from epd_engine.bench.trace_formats import write_mooncake
-    from epd_engine.trace import write_trace
+    from epd_engine.contracts.trace import write_trace
+    from epd_engine.workload.trace_formats import write_mooncake
 
     if args.tokenizer and args.to != "mooncake":
         raise UserError("--tokenizer writes prompt texts: it needs --to mooncake")
@@ -208,7 +208,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _workloads(args: argparse.Namespace) -> int:
-    from epd_engine.bench.workloads import describe_workloads
+    from epd_engine.workload.generators import describe_workloads
 
     rows = describe_workloads()
     if args.json:

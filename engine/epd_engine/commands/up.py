@@ -55,8 +55,8 @@ def _reconciled(args: argparse.Namespace, deployment) -> bool:
 
 
 def _load(args: argparse.Namespace):
-    from epd_engine.plan import Plan
-    from epd_operator.spec import EPDDeployment, ManifestError, fixed_plan
+    from epd_engine.contracts.plan import Plan
+    from epd_operator.api.spec import EPDDeployment, ManifestError, fixed_plan
 
     try:
         deployment = EPDDeployment.from_yaml(args.file)
@@ -172,10 +172,10 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _run_reconciled(args: argparse.Namespace, deployment) -> int:
-    """The reconcile loop on local processes (``epd_operator.local_run``): plans (Auto),
+    """The reconcile loop on local processes (``epd_operator.local.run``): plans (Auto),
     rolls out, and follows `epdctl apply` until stopped."""
-    from epd_operator.cost_file import cost_source
-    from epd_operator.local_run import LocalRun, Options
+    from epd_operator.local.run import LocalRun, Options
+    from epd_operator.planning.cost_file import cost_source
 
     run_dir = args.runs_dir / deployment.name
     if args.cost_model is not None:  # refuse a bad file before anything starts

@@ -9,12 +9,12 @@ new module plus one entry in ``FAMILIES``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epd_engine.contracts.image_grid import smart_resize
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError, read_json
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
 
@@ -150,26 +150,6 @@ def _qwen2_vl_language_source(config: Any, param_name: str) -> str:
     if param_name.startswith("lm_head."):
         return "model.embed_tokens.weight" if config.tie_word_embeddings else param_name
     return "model." + param_name
-
-
-def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """transformers' ``qwen2_vl.image_processing_qwen2_vl.smart_resize``: the size an image
-    is resized to (multiples of ``factor``, pixel count within bounds, aspect kept)."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio must be below 200, got {width}x{height}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def qwen2_vl_image_grid(

@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from epd_engine.bench.goodput import RatePoint
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
 from epd_engine.profiler.rate_grid import MAX_RPS, Bracket
+from epd_engine.slo.goodput import RatePoint
 
 if TYPE_CHECKING:
     from epd_engine.profiler.search import Hint

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from epd_engine.config import SLO, Method, Role, Stage
-from epd_engine.plan import Budgets
+from epd_engine.contracts.plan import Budgets
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import FittedCostModel
-from epd_engine.trace import TraceRecord
 
 
 @dataclass(frozen=True)

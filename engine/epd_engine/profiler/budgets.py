@@ -9,7 +9,7 @@ plan's budgets follow its SLO without re-measuring.
 from __future__ import annotations
 
 from epd_engine.config import SLO, Role, Stage
-from epd_engine.plan import Budgets
+from epd_engine.contracts.plan import Budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.scheduler.budget_search import BudgetSearchError, search_budget
 

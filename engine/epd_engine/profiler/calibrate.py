@@ -58,9 +58,9 @@ import random
 from collections.abc import Sequence
 from statistics import median
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, Overheads
 from epd_engine.profiler.front_contention import front_contention
+from epd_engine.slo.outcomes import RequestResult
 
 # Before the first token; prefill_queue already holds the image pull (see above).
 _BEFORE_FIRST_TOKEN = ("encode_queue", "encode", "prefill_queue", "prefill")

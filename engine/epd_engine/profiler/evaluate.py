@@ -11,19 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from epd_engine.bench.arrivals import at_rate
-from epd_engine.bench.goodput import GoodputResult, RatePoint, find_goodput
-from epd_engine.bench.metrics import RequestResult, summarize
-from epd_engine.bench.slo import attainment, passes
 from epd_engine.config import SLO, Method, Role, Stage
-from epd_engine.plan import Budgets, Plan, Prediction
+from epd_engine.contracts.plan import Budgets, Plan, Prediction
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.bounds import StageWork, goodput_bound, stage_work
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.rate_grid import RateGrid
 from epd_engine.profiler.simulator import Simulator
-from epd_engine.trace import TraceRecord
+from epd_engine.slo.attainment import attainment, passes
+from epd_engine.slo.goodput import GoodputResult, RatePoint, find_goodput
+from epd_engine.slo.outcomes import RequestResult, summarize
+from epd_engine.workload.arrivals import at_rate
 
 
 @dataclass(frozen=True)

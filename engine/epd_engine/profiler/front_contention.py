@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from epd_engine.bench.metrics import RequestResult
+from epd_engine.slo.outcomes import RequestResult
 
 MIN_OVERLAPPED = 3  # fronts that overlapped someone's decode: fewer fit noise, not contention
 

@@ -19,7 +19,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from epd_engine.bench.goodput import RatePoint
+from epd_engine.slo.goodput import RatePoint
 
 MAX_RPS = 1e6  # the grid's ceiling when a plan has no finite bound
 DEPTH = 512.0  # failing at bound / DEPTH means goodput 0 (the old bisection's min_rps)

@@ -20,9 +20,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from epd_engine.bench.goodput import RatePoint
 from epd_engine.config import SLO, Method
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord, mean_rate_rps, trace_ref
 from epd_engine.profiler.best_first import BestFirst, grid_goodput
 from epd_engine.profiler.bounds import pool_work_s
 from epd_engine.profiler.candidates import (
@@ -35,7 +35,7 @@ from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.evaluate import Evaluation, Evaluator, prediction
 from epd_engine.profiler.rate_grid import MAX_RPS
 from epd_engine.profiler.workers import SimPool
-from epd_engine.trace import TraceRecord, mean_rate_rps, trace_ref
+from epd_engine.slo.goodput import RatePoint
 
 
 @dataclass

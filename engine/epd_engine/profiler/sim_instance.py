@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role, Stage
-from epd_engine.plan import Budgets
+from epd_engine.contracts.plan import Budgets
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import Capacity, FittedCostModel
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.request import ImageRef, Request
-from epd_engine.router.policy import InstanceLoad
 from epd_engine.sampling import SamplingParams
 from epd_engine.scheduler import SchedulerLimits
-from epd_engine.trace import TraceRecord
 
 
 def build_scheduler(

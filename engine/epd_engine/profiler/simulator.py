@@ -21,9 +21,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Stage
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.routing_policy import LeastLoaded, RoutingPolicy, entry_candidates
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.jitter import Jitter
@@ -31,9 +32,8 @@ from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
-from epd_engine.router.policy import LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.scheduler.output import PullTask
-from epd_engine.trace import TraceRecord
+from epd_engine.slo.outcomes import RequestResult
 
 _ARRIVE, _STEP, _OFFER, _PULLED, _DEADLINE, _FRONT = range(6)
 _ENCODE, _PREFILL, _DECODE = Stage.ENCODE.value, Stage.PREFILL.value, Stage.DECODE.value

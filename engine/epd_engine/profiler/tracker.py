@@ -22,10 +22,10 @@ import math
 import random
 from collections.abc import Sequence
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.request import Request
-from epd_engine.trace import TraceRecord
+from epd_engine.slo.outcomes import RequestResult
 
 _DECODE = "decode"
 

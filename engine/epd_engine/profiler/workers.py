@@ -14,9 +14,9 @@ import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
 from types import TracebackType
 
-from epd_engine.bench.goodput import RatePoint
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
+from epd_engine.slo.goodput import RatePoint
 
 _EVALUATOR: Evaluator | None = None  # set in the parent right before forking
 

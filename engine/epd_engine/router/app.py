@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epd_engine.api.errors import install_error_handlers
+from epd_engine.api.limits import BodySizeLimit
 from epd_engine.config import internal_token
-from epd_engine.gc_heap import freeze_startup_heap
+from epd_engine.engine.gc_heap import freeze_startup_heap
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
 from epd_engine.router.dispatch import Dispatcher
@@ -19,8 +21,6 @@ from epd_engine.router.plan_info import plan_labels, publish_plan
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
-from epd_engine.server.errors import install_error_handlers
-from epd_engine.server.limits import BodySizeLimit
 
 
 def create_app(settings: RouterSettings, freeze_heap: bool = False) -> FastAPI:

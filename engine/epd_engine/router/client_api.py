@@ -11,16 +11,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from epd_engine.errors import ClientError, ModelNotFound, ServiceUnavailable
-from epd_engine.router.dispatch import Dispatcher
-from epd_engine.router.inflight import ClientChunk, InflightRequest
-from epd_engine.server.auth import require_token
-from epd_engine.server.completions import (
+from epd_engine.api.auth import require_token
+from epd_engine.api.completions import (
     CompletionRequest,
     completion_response,
 )
-from epd_engine.server.logprobs import completion_logprobs
-from epd_engine.server.protocol import (
+from epd_engine.api.logprobs import completion_logprobs
+from epd_engine.api.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
     ChoiceLogprobs,
@@ -30,8 +27,11 @@ from epd_engine.server.protocol import (
     sse_error,
     token_usage,
 )
-from epd_engine.server.streaming import ChunkWriter, Kind
-from epd_engine.server.validation import check_chat_request, check_completion_request
+from epd_engine.api.streaming import ChunkWriter, Kind
+from epd_engine.api.validation import check_chat_request, check_completion_request
+from epd_engine.contracts.errors import ClientError, ModelNotFound, ServiceUnavailable
+from epd_engine.router.dispatch import Dispatcher
+from epd_engine.router.inflight import ClientChunk, InflightRequest
 
 router = APIRouter()
 Answer = Response  # json_answer's, or a StreamingResponse

@@ -12,18 +12,23 @@ from dataclasses import dataclass, field
 import h11
 import numpy as np
 
-from epd_engine.errors import ClientError, ServiceUnavailable
+from epd_engine.api.completions import CompletionRequest
+from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.contracts.errors import ClientError, ServiceUnavailable
+from epd_engine.contracts.routing_policy import (
+    InstanceLoad,
+    LeastLoaded,
+    RoutingPolicy,
+    entry_candidates,
+)
+from epd_engine.contracts.trace import ImageRef, TraceRecord
 from epd_engine.metrics import Metrics
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
 from epd_engine.router.keepalive_client import Answer, KeepAliveClient
-from epd_engine.router.policy import InstanceLoad, LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
-from epd_engine.server.completions import CompletionRequest
-from epd_engine.server.protocol import ChatCompletionRequest
-from epd_engine.trace import ImageRef, TraceRecord
 
 log = logging.getLogger(__name__)
 SUBMIT_BACKOFF_S = 0.05  # before trying the next instance, doubling per failed one

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from epd_engine.server.completions import CompletionRequest
-from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.api.completions import CompletionRequest
+from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.timing import clock_domain
 
 # Hops between instances, by the stage that ended on the source (``InflightRequest.marks``).

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
+from epd_engine.api.auth import require_member, require_token
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.event_stream import SESSION_HEADER
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.plan_info import plan_labels, publish_plan
-from epd_engine.router.policy import InstanceLoad
-from epd_engine.server.auth import require_member, require_token
-from epd_engine.server.event_stream import SESSION_HEADER
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import h11
 
-from epd_engine.h11_client import connect, parse_target, read_answer
+from epd_engine.api.h11_client import connect, parse_target, read_answer
 
 Origin = tuple[str, int, bool]  # host, port, https
 MAX_IDLE_S = 4.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from epd_engine.contracts.plan import Plan
 from epd_engine.metrics import Metrics
-from epd_engine.plan import Plan
 
 
 def plan_labels(plan: Mapping[str, object]) -> dict[str, str]:

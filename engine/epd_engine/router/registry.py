@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from epd_engine.router.policy import InstanceLoad
+from epd_engine.contracts.routing_policy import InstanceLoad
 
 
 @dataclass

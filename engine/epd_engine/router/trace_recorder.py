@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from epd_engine.trace import TraceRecord, dump_record, parse_trace
+from epd_engine.contracts.trace import TraceRecord, dump_record, parse_trace
 
 
 class TraceRecorder:

@@ -11,23 +11,22 @@ from urllib.parse import urlsplit
 import httpx
 from fastapi import FastAPI
 
-from epd_engine import startup
-from epd_engine.async_engine import AsyncEngine
+from epd_engine.api.errors import install_error_handlers
+from epd_engine.api.limits import BodySizeLimit
+from epd_engine.api.logprobs import token_text_of
 from epd_engine.config import EngineConfig, internal_token
-from epd_engine.engine import LLMEngine, StepStats
-from epd_engine.gc_heap import freeze_startup_heap
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.migration import MigrationManager
+from epd_engine.disagg.router_link import RouterLink
+from epd_engine.engine.async_engine import AsyncEngine
+from epd_engine.engine.gc_heap import freeze_startup_heap
+from epd_engine.engine.llm_engine import LLMEngine, StepStats, startup
+from epd_engine.engine.step_phases import step_kind
+from epd_engine.inputs.preprocess_pool import PreprocessPool
+from epd_engine.inputs.processor import InputProcessor
 from epd_engine.metrics import Metrics
-from epd_engine.processor import InputProcessor
-from epd_engine.router.policy import InstanceLoad
 from epd_engine.server import health, internal_api, openai_api
-from epd_engine.server.errors import install_error_handlers
-from epd_engine.server.limits import BodySizeLimit
-from epd_engine.server.logprobs import token_text_of
-from epd_engine.server.migration import MigrationManager
-from epd_engine.server.preprocess_pool import PreprocessPool
-from epd_engine.server.router_link import RouterLink
 from epd_engine.server.state import InstanceState
-from epd_engine.step_phases import step_kind
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import CacheMemory

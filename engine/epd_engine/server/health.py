@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from epd_engine import startup
+from epd_engine.engine import startup
 from epd_engine.server.state import InstanceState
 
 router = APIRouter()

@@ -7,13 +7,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from epd_engine.async_engine import RequestOutputStream
-from epd_engine.detokenizer import Detokenizer
-from epd_engine.errors import ClientError
-from epd_engine.server.auth import require_token
-from epd_engine.server.chat import prepare
-from epd_engine.server.completions import CompletionRequest
-from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.api.auth import require_token
+from epd_engine.api.completions import CompletionRequest
+from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.contracts.errors import ClientError
+from epd_engine.engine.async_engine import RequestOutputStream
+from epd_engine.engine.detokenizer import Detokenizer
+from epd_engine.inputs.chat import prepare
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import TransferError
 from epd_engine.transfer.messages import MigrationOffer, Routing

@@ -11,20 +11,17 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from epd_engine.async_engine import RequestOutput
-from epd_engine.errors import ClientError, ModelNotFound
-from epd_engine.server.chat import prepare
-from epd_engine.server.completions import (
+from epd_engine.api.completions import (
     CompletionRequest,
     completion_response,
 )
-from epd_engine.server.logprobs import (
+from epd_engine.api.logprobs import (
     choice_logprobs,
     completion_logprobs,
     logprob_content,
     token_text_of,
 )
-from epd_engine.server.protocol import (
+from epd_engine.api.protocol import (
     SSE_DONE,
     ChatCompletionRequest,
     TokenLogprob,
@@ -34,9 +31,12 @@ from epd_engine.server.protocol import (
     sse_error,
     token_usage,
 )
+from epd_engine.api.streaming import ChunkWriter, Kind
+from epd_engine.api.validation import check_role_serves
+from epd_engine.contracts.errors import ClientError, ModelNotFound
+from epd_engine.engine.async_engine import RequestOutput
+from epd_engine.inputs.chat import prepare
 from epd_engine.server.state import InstanceState
-from epd_engine.server.streaming import ChunkWriter, Kind
-from epd_engine.server.validation import check_role_serves
 
 router = APIRouter()
 Answer = Response  # json_answer's, or a StreamingResponse

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from epd_engine.async_engine import AsyncEngine
 from epd_engine.config import EngineConfig
+from epd_engine.disagg.migration import MigrationManager
+from epd_engine.engine.async_engine import AsyncEngine
+from epd_engine.inputs.preprocess_pool import PreprocessPool
+from epd_engine.inputs.processor import InputProcessor
 from epd_engine.metrics import Metrics
-from epd_engine.processor import InputProcessor
-from epd_engine.server.migration import MigrationManager
-from epd_engine.server.preprocess_pool import PreprocessPool
 
 
 @dataclass

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epd_engine.gc_heap import freeze_startup_heap
+from epd_engine.engine.gc_heap import freeze_startup_heap
 from tests.engine.bench.fake_openai import FakeOpenAI, serve_fake_openai
 
 

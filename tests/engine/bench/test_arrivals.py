@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epd_engine.bench.arrivals import (
+from epd_engine.contracts.trace import mean_rate_rps
+from epd_engine.workload.arrivals import (
     ArrivalSpec,
     at_rate,
     gamma_arrivals,
@@ -12,8 +13,7 @@ from epd_engine.bench.arrivals import (
     uniform_arrivals,
     with_arrivals,
 )
-from epd_engine.bench.workloads import generate
-from epd_engine.trace import mean_rate_rps
+from epd_engine.workload.generators import generate
 
 
 def _cv(times: np.ndarray) -> float:

@@ -10,7 +10,7 @@ import pytest
 
 from epd_engine.bench.report import load_report, results_by_rate
 from epd_engine.cli import main
-from epd_engine.trace import read_trace
+from epd_engine.contracts.trace import read_trace
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 
@@ -27,7 +27,7 @@ def test_trace_generate_show_scale_window(
     fast = tmp_path / "fast.jsonl"
     assert main(["trace", "scale", str(trace), "--rate", "8", "-o", str(fast)]) == 0
     assert json.loads(json.dumps(shown))["digest"] != ""
-    from epd_engine.trace import mean_rate_rps
+    from epd_engine.contracts.trace import mean_rate_rps
 
     assert mean_rate_rps(read_trace(fast)) == pytest.approx(8.0)
     last = tmp_path / "last.jsonl"

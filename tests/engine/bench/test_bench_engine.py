@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.driver import DriverConfig, replay
-from epd_engine.bench.workloads import synthesize
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import synthesize
 from tests.processes import free_port, running
 
 pytestmark = pytest.mark.slow

@@ -7,11 +7,11 @@ import statistics
 import pytest
 from PIL import Image
 
-from epd_engine.bench.arrivals import with_arrivals
 from epd_engine.bench.driver import DriverConfig, replay
-from epd_engine.bench.metrics import summarize
 from epd_engine.config import SLO
-from epd_engine.trace import ImageRef, TraceRecord
+from epd_engine.contracts.trace import ImageRef, TraceRecord
+from epd_engine.slo.outcomes import summarize
+from epd_engine.workload.arrivals import with_arrivals
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 

@@ -9,11 +9,11 @@ collector is kept off the half-million objects the suite has imported by then.
 
 from __future__ import annotations
 
-from epd_engine.bench.arrivals import ArrivalSpec
 from epd_engine.bench.driver import DriverConfig, rate_runner
-from epd_engine.bench.goodput import find_goodput
-from epd_engine.bench.workloads import random_mm, synthesize
 from epd_engine.config import SLO
+from epd_engine.slo.goodput import find_goodput
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import random_mm, synthesize
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 SERVICE_S = 0.08  # one request at a time in the fake's "prefill": capacity 12.5 req/s

@@ -15,13 +15,13 @@ import openai
 import pytest
 
 from epd_engine.bench.driver import DriverConfig, replay
-from epd_engine.bench.metrics import summarize
 from epd_engine.bench.payloads import prompt_text
 from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.cli import main
 from epd_engine.config import Method, internal_token
+from epd_engine.contracts.trace import ImageRef, TraceRecord, parse_trace, write_trace
 from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
-from epd_engine.trace import ImageRef, TraceRecord, parse_trace, write_trace
+from epd_engine.slo.outcomes import summarize
 from tests.engine.bench.peer_aiperf import (
     AIPERF_VERSION,
     aiperf_bin,

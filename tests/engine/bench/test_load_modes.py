@@ -8,10 +8,10 @@ from pathlib import Path
 
 from epd_engine.bench.closed_loop import closed_loop
 from epd_engine.bench.driver import DriverConfig, replay
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.bench.report import export_requests
 from epd_engine.bench.server_metrics import difference, metrics_url, parse_samples
-from epd_engine.trace import TraceRecord
+from epd_engine.contracts.trace import TraceRecord
+from epd_engine.slo.outcomes import RequestResult
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from epd_engine.bench.payloads import chat_payload
 from epd_engine.bench.token_prompts import TokenExactPrompts
-from epd_engine.bench.trace_formats import read_mooncake
 from epd_engine.cli import main
-from epd_engine.trace import ImageRef, TraceRecord, write_trace
+from epd_engine.contracts.trace import ImageRef, TraceRecord, write_trace
+from epd_engine.workload.trace_formats import read_mooncake
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 

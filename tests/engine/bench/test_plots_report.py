@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from epd_engine.bench.goodput import sweep
-from epd_engine.bench.metrics import RequestResult, summarize
 from epd_engine.bench.plots import plot_attainment, plot_latency_cdfs, plot_stage_breakdown
 from epd_engine.bench.report import (
     attainment_curve,
@@ -15,6 +13,8 @@ from epd_engine.bench.report import (
     write_report,
 )
 from epd_engine.config import SLO
+from epd_engine.slo.goodput import sweep
+from epd_engine.slo.outcomes import RequestResult, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from epd_engine.bench.driver import DriverConfig, replay
-from epd_engine.bench.trace_formats import read_mooncake, write_mooncake
-from epd_engine.trace import TraceRecord, read_trace, write_trace
+from epd_engine.contracts.trace import TraceRecord, read_trace, write_trace
+from epd_engine.workload.trace_formats import read_mooncake, write_mooncake
 from tests.engine.bench.fake_openai import FakeOpenAI
 
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from epd_engine.bench.goodput import RatePoint, find_goodput, goodput_from_points, sweep
-from epd_engine.bench.metrics import RequestResult, summarize
-from epd_engine.bench.slo import attainment, meets_slo, passes
 from epd_engine.config import SLO
+from epd_engine.slo.attainment import attainment, meets_slo, passes
+from epd_engine.slo.goodput import RatePoint, find_goodput, goodput_from_points, sweep
+from epd_engine.slo.outcomes import RequestResult, summarize
 
 SLO_TIGHT = SLO(ttft_s=1.0, tpot_s=0.1)
 

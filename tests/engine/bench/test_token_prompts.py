@@ -8,7 +8,7 @@ import pytest
 
 from epd_engine.bench.payloads import chat_payload
 from epd_engine.bench.token_prompts import TokenExactPrompts
-from epd_engine.trace import ImageRef, TraceRecord
+from epd_engine.contracts.trace import ImageRef, TraceRecord
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.trace_formats import (
+from epd_engine.contracts.trace import TraceFormatError, read_trace, write_trace
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import synthesize
+from epd_engine.workload.trace_formats import (
     detect_format,
     read_any,
     read_mooncake,
     write_mooncake,
 )
-from epd_engine.bench.workloads import synthesize
-from epd_engine.trace import TraceFormatError, read_trace, write_trace
 
 DATA = Path(__file__).parents[2] / "data"
 

@@ -3,15 +3,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.image_tokens import llava_1_5, llava_next, qwen2_vl, qwen3_vl
-from epd_engine.bench.workloads import (
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.generators import (
     WORKLOADS,
     describe_workloads,
     generate,
     random_mm,
     synthesize,
 )
+from epd_engine.workload.image_tokens import llava_1_5, llava_next, qwen2_vl, qwen3_vl
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd_engine.config import Method, internal_token
-from epd_engine.trace import parse_trace
+from epd_engine.contracts.trace import parse_trace
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.disagg.workload import CASES, run_all
 

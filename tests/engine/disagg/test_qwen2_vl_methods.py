@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from epd_engine.config import Method, internal_token
-from epd_engine.trace import parse_trace
+from epd_engine.contracts.trace import parse_trace
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.server.images import data_url
 from tests.processes import free_port, running

@@ -18,8 +18,8 @@ from epd_engine.model.generate import greedy_generate
 from epd_engine.model.input_buffers import DecodeBuffers, pad_sizes
 from epd_engine.model.llava import LlavaLanguage
 from epd_engine.request import Stage
-from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.scheduler.output import TokenTask
+from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
 BLOCK_SIZE = 4  # small pages: contexts cross page boundaries, last pages partly used
 PROMPTS = [[1, 30, 46, 26, 2], [1, 45, 47, 28, 17, 33, 7], [1, 35]]

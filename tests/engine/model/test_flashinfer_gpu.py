@@ -23,8 +23,8 @@ from epd_engine.model.llava import LlavaLanguage
 from epd_engine.model.model_config import LlavaModelConfig
 from epd_engine.model.presets import TINY_LLAVA
 from epd_engine.request import Stage
-from epd_engine.runner import CacheShape, ModelRunner
 from epd_engine.scheduler.output import TokenTask
+from epd_engine.worker.model_runner import CacheShape, ModelRunner
 from tests.engine.model.fake_flashinfer import DECODE_PLAN_PARAMS, PREFILL_PLAN_PARAMS
 
 _MISSING = flashinfer_import_error()

@@ -15,7 +15,7 @@ from epd_engine.model.graph_buckets import (
     graphs_off_reason,
 )
 from epd_engine.model.input_buffers import pad_sizes
-from epd_engine.runner import CacheShape, ModelRunner
+from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
 
 def test_buckets_are_the_buffers_padded_sizes_up_to_the_largest_captured():
@@ -63,7 +63,7 @@ def test_graphs_off_reason(args, why):
 
 def test_a_cpu_runner_asked_for_graphs_runs_eagerly(language, caplog):
     shape = CacheShape(16, 4, 1, 1, language.config.hidden_size)
-    with caplog.at_level(logging.DEBUG, logger="epd_engine.runner"):
+    with caplog.at_level(logging.DEBUG, logger="epd_engine.worker.model_runner"):
         runner = ModelRunner(
             None, language, shape, torch.float32, "cpu", False,
             max_decode_seqs=4, max_model_len=32, cuda_graphs=True,

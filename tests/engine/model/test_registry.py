@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from epd_engine.contracts.image_grid import smart_resize
 from epd_engine.model.loader import load_language
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
 from epd_engine.model.registry import (
@@ -17,7 +18,6 @@ from epd_engine.model.registry import (
     family_of,
     family_of_preset,
     load_model_config,
-    smart_resize,
 )
 
 
@@ -71,7 +71,7 @@ def test_smart_resize_matches_transformers(height, width, expected):
 
 def test_trace_image_tokens_use_the_processor_rule():
     """``epdctl trace``'s Qwen2-VL token counts are the engine's (min_pixels included)."""
-    from epd_engine.bench.image_tokens import qwen2_vl
+    from epd_engine.workload.image_tokens import qwen2_vl
 
     assert qwen2_vl(28, 28) == 4  # raised to min_pixels = 56 x 56, as the processor does
     assert [qwen2_vl(280, 280), qwen2_vl(1280, 720), qwen2_vl(1920, 1080)] == [100, 1196, 2691]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from epd_engine.contracts.trace import ImageRef, TraceRecord
 from epd_engine.profiler.cost_model import (
     Capacity,
     EncodeCoeffs,
@@ -9,7 +10,6 @@ from epd_engine.profiler.cost_model import (
     LanguageCoeffs,
     MigrationCoeffs,
 )
-from epd_engine.trace import ImageRef, TraceRecord
 
 
 def toy_cost_model(

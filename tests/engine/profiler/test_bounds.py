@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from epd_engine.config import Stage
-from epd_engine.plan import Budgets
+from epd_engine.contracts.plan import Budgets
 from epd_engine.profiler.bounds import stage_work
 from epd_engine.profiler.cost_model import EncodeCoeffs
 

@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
 from epd_engine.profiler.calibrate import calibrate, quantiles, unfold_silent
 from epd_engine.profiler.cost_model import BatchShape, Overheads
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.simulator import simulate
+from epd_engine.slo.outcomes import RequestResult
 
 from .factories import make_trace, toy_cost_model
 

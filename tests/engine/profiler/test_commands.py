@@ -7,9 +7,9 @@ import pytest
 
 from epd_engine.bench.report import load_report
 from epd_engine.cli import main
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import write_trace
 from epd_engine.profiler.cost_model import load_cost_model, save_cost_model
-from epd_engine.trace import write_trace
 
 from .factories import make_trace, toy_cost_model
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from epd_engine.bench.metrics import RequestResult
 from epd_engine.profiler.calibrate import calibrate
 from epd_engine.profiler.front_contention import front_contention
+from epd_engine.slo.outcomes import RequestResult
 
 from .factories import toy_cost_model
 

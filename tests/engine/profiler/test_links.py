@@ -12,7 +12,8 @@ import pytest
 from epd_engine.bench.report import load_report
 from epd_engine.cli import main
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import write_trace
 from epd_engine.profiler.cost_model import (
     FittedCostModel,
     MigrationCoeffs,
@@ -21,7 +22,6 @@ from epd_engine.profiler.cost_model import (
 )
 from epd_engine.profiler.links import LinkCoeffs, fit_link, link_backend
 from epd_engine.profiler.simulator import simulate
-from epd_engine.trace import write_trace
 
 from .factories import make_trace, toy_cost_model
 

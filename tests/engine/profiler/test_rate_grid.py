@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from epd_engine.bench.goodput import RatePoint
 from epd_engine.profiler.rate_grid import RateGrid
+from epd_engine.slo.goodput import RatePoint
 
 
 def _search(grid: RateGrid, goodput_index: int, bound_rps: float, parallel: int = 1) -> list[int]:

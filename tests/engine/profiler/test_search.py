@@ -5,7 +5,7 @@ from math import comb
 import pytest
 
 from epd_engine.config import SLO, Method, Role, Stage
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
 from epd_engine.profiler.candidates import (
     Candidate,
     compositions,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.distributions import SizeChoice, Uniform
-from epd_engine.bench.workloads import WorkloadShape, synthesize
 from epd_engine.config import SLO
 from epd_engine.profiler.best_first import grid_goodput
 from epd_engine.profiler.candidates import enumerate_candidates
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
 from epd_engine.profiler.search import Hint, exhaustive_search
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.distributions import SizeChoice, Uniform
+from epd_engine.workload.generators import WorkloadShape, synthesize
 
 from .factories import toy_cost_model
 

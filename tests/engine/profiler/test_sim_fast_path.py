@@ -12,17 +12,17 @@ import dataclasses
 
 import pytest
 
-from epd_engine.bench.arrivals import ArrivalSpec
-from epd_engine.bench.distributions import SizeChoice, Uniform
-from epd_engine.bench.workloads import WorkloadShape, synthesize
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.sim_scheduler import EngineScheduler, SimOutput, SimScheduler
 from epd_engine.profiler.simulator import SimResult, Simulator
 from epd_engine.request import Request
-from epd_engine.trace import TraceRecord
+from epd_engine.workload.arrivals import ArrivalSpec
+from epd_engine.workload.distributions import SizeChoice, Uniform
+from epd_engine.workload.generators import WorkloadShape, synthesize
 
 # Issue 19's mixed traffic with shorter prompts and outputs (a test must stay cheap).
 MIXED = WorkloadShape(

@@ -9,10 +9,10 @@ from statistics import median
 import pytest
 
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Plan
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import FittedCostModel, Overheads
 from epd_engine.profiler.simulator import simulate
-from epd_engine.trace import TraceRecord
 
 from .factories import toy_cost_model
 

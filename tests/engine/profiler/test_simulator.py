@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from epd_engine.bench.metrics import summarize
 from epd_engine.config import SLO, Method, Role
-from epd_engine.plan import Budgets, Plan
+from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.profiler.cost_model import Overheads
 from epd_engine.profiler.simulator import cpu_share, simulate
+from epd_engine.slo.outcomes import summarize
 
 from .factories import make_trace, toy_cost_model
 

@@ -8,11 +8,11 @@ from types import FrameType
 
 import pytest
 
-from epd_engine.bench.goodput import RatePoint
 from epd_engine.config import SLO, Method
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.search import exhaustive_search
+from epd_engine.slo.goodput import RatePoint
 
 from .factories import make_trace, toy_cost_model
 

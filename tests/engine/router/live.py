@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.router.app import create_app
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.inflight import InflightRequest
 from epd_engine.router.settings import RouterSettings
-from epd_engine.server.protocol import ChatCompletionRequest
 from tests.processes import free_port
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
-from epd_engine.server.protocol import ChatCompletionRequest
 
 
 def inflight(router_request_id: str = "req-1") -> InflightRequest:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.router.inflight import InflightRequest
-from epd_engine.server.protocol import ChatCompletionRequest
 from epd_engine.timing import clock_domain
 
 

@@ -16,9 +16,9 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.config import Role, internal_token
-from epd_engine.router.policy import InstanceLoad
-from epd_engine.server.protocol import ChatCompletionRequest
+from epd_engine.contracts.routing_policy import InstanceLoad
 from tests.engine.router.live import dispatcher, live_router
 from tests.processes import free_port
 

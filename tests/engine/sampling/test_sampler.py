@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from epd_engine.sampler import Sampler
 from epd_engine.sampling import SamplingParams, SamplingRow, SamplingSpec
+from epd_engine.worker.sampler import Sampler
 
 CPU = torch.device("cpu")
 LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, -3.0]  # token 0 most likely, 5 least

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
+from epd_engine.disagg.early_handoff import PrefillWatch, SourceEnded, layer_groups, pull_groups
 from epd_engine.request import CacheKind, PullSpec
 from epd_engine.scheduler.output import PullTask
-from epd_engine.server.early_handoff import PrefillWatch, SourceEnded, layer_groups, pull_groups
 from epd_engine.transfer.backend import PageTransfer, TransferError
 from epd_engine.transfer.messages import PrefillDone, PrefillProgress
 
@@ -125,7 +125,7 @@ async def test_a_gpu_layer_is_published_only_once_its_kernels_are_done() -> None
     a stand-in whose ``synchronize`` blocks until the test releases it.)"""
     import threading
 
-    from epd_engine.server.early_handoff import publish_layer_when_done
+    from epd_engine.disagg.early_handoff import publish_layer_when_done
 
     class HeldEvent:
         def __init__(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from epd_engine.config import internal_token
-from epd_engine.server.event_stream import EventStream
+from epd_engine.disagg.event_stream import EventStream
 from tests.engine.router.live import TcpProxy, live_router, track, wait_for_tokens
 
 

@@ -8,9 +8,9 @@ import json
 
 from fastapi.encoders import jsonable_encoder
 
-from epd_engine.server.completions import completion_response
-from epd_engine.server.logprobs import FLOOR, completion_logprobs
-from epd_engine.server.protocol import (
+from epd_engine.api.completions import completion_response
+from epd_engine.api.logprobs import FLOOR, completion_logprobs
+from epd_engine.api.protocol import (
     ChoiceLogprobs,
     TokenLogprob,
     TopLogprob,

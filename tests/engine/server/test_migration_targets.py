@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from epd_engine.config import Role, Stage
-from epd_engine.router.policy import InstanceLoad
-from epd_engine.server import migration
-from epd_engine.server.migration import MigrationManager
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg import migration
+from epd_engine.disagg.migration import MigrationManager
 
 ME = InstanceLoad(instance_id="e-0", url="http://e-0", role=Role.E, pool="e")
 PD = InstanceLoad(instance_id="pd-0", url="http://pd-0", role=Role.PD, pool="pd")

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from epd_engine.step_phases import PHASES
+from epd_engine.engine.step_phases import PHASES
 from tests.engine.server.images import image_message
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from epd_engine.config import EngineConfig
-from epd_engine.errors import ClientError, ServiceUnavailable
-from epd_engine.images import ImageLimits, load_image
+from epd_engine.contracts.errors import ClientError, ServiceUnavailable
+from epd_engine.inputs.images import ImageLimits, load_image
+from epd_engine.inputs.preprocess_pool import PreprocessPool
+from epd_engine.inputs.processor import InputProcessor
 from epd_engine.model.registry import load_model_config
-from epd_engine.processor import InputProcessor
-from epd_engine.server.preprocess_pool import PreprocessPool
 from tests.engine.server.images import image_message, png_bytes
 from tests.processes import free_port, running
 

@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from epd_engine.async_engine import AsyncEngine
 from epd_engine.config import EngineConfig, Role
-from epd_engine.engine import LLMEngine
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.migration import MigrationManager
+from epd_engine.engine.async_engine import AsyncEngine
+from epd_engine.engine.llm_engine import LLMEngine
 from epd_engine.request import CacheKind
-from epd_engine.router.policy import InstanceLoad
-from epd_engine.server.migration import MigrationManager
 from epd_engine.transfer.backend import Exports, PageTransfer, Peer, TransferError
 from epd_engine.transfer.messages import MigrationOffer, Routing, SamplingInfo
 

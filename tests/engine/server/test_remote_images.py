@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from epd_engine.errors import ClientError
-from epd_engine.remote_images import RemoteImagePolicy, fetch_image, is_internal
+from epd_engine.contracts.errors import ClientError
+from epd_engine.inputs.remote_images import RemoteImagePolicy, fetch_image, is_internal
 
 
 @asynccontextmanager

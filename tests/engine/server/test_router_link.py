@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from epd_engine.async_engine import RequestOutput
 from epd_engine.config import Role, Stage, internal_token
-from epd_engine.engine import StageTiming
-from epd_engine.router.policy import InstanceLoad
-from epd_engine.server.router_link import RouterLink
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.router_link import RouterLink
+from epd_engine.engine.async_engine import RequestOutput
+from epd_engine.engine.llm_engine import StageTiming
 from epd_engine.transfer.messages import Routing
 from tests.engine.router.live import TcpProxy, live_router, track, wait_for_tokens
 
@@ -128,7 +128,7 @@ async def test_the_event_stream_needs_the_internal_token(http: httpx.AsyncClient
 
 
 def test_a_stage_timing_carries_its_marks_and_clock_domain() -> None:
-    from epd_engine.server.router_link import _timing_json
+    from epd_engine.disagg.router_link import _timing_json
     from epd_engine.timing import clock_domain
 
     data = _timing_json(StageTiming("r", Stage.PREFILL, 0.5, 1.0, 10.0, 11.5))

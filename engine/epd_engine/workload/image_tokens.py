@@ -1,0 +1,73 @@
+"""Visual tokens per image for the model families the papers serve (no processor needed).
+
+A trace stores tokens per image so the simulator can cost encode and prefill without the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from epd_engine.contracts.image_grid import smart_resize
+
+ImageTokenizer = Callable[[int, int], int]  # (width, height) -> visual tokens
+
+
+def llava_1_5(width: int, height: int) -> int:
+    """LLaVA-1.5: every image resized to 336×336 → 24×24 patches = 576 tokens (HydraInfer)."""
+    return 576
+
+
+def llava_next(width: int, height: int) -> int:
+    """LLaVA-NeXT "anyres": a 336 base view plus up to 4 336-px tiles of the best-fit grid.
+
+    Approximation of the processor (which also unpads): 576 × (1 + tiles), tiles <= 4, so
+    2,880 tokens at most, the documented maximum.
+    """
+    tiles = min(4, math.ceil(width / 336) * math.ceil(height / 336))
+    return 576 * (1 + tiles)
+
+
+def _qwen_vl(width: int, height: int, pixels_per_token_side: int, max_pixels: int) -> int:
+    # Round each side to the merged-patch grid, then cap total pixels like the processor.
+    factor = pixels_per_token_side
+    grid_w = max(1, round(width / factor))
+    grid_h = max(1, round(height / factor))
+    if grid_w * grid_h * factor * factor > max_pixels:
+        scale = math.sqrt(max_pixels / (width * height))
+        grid_w = max(1, math.floor(width * scale / factor))
+        grid_h = max(1, math.floor(height * scale / factor))
+    return grid_w * grid_h
+
+
+def qwen2_vl(width: int, height: int) -> int:
+    """Qwen2-VL / Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 pixels, by the
+    processor's own ``smart_resize`` with ``Qwen2-VL-7B-Instruct``'s bounds (min_pixels
+    3,136, max_pixels 12,845,056), as the engine counts them.
+
+    Matches EPD-Serve's transfer table: 280×280 → 100, 560×560 → 400, 720×1280 → 1196,
+    1080×1920 → 2691 tokens.
+    """
+    h, w = smart_resize(height, width, 28, 56 * 56, 12_845_056)
+    return (h // 28) * (w // 28)
+
+
+def qwen3_vl(width: int, height: int) -> int:
+    """Qwen3-VL: 16-px patches merged 2×2 → a token per 32×32 px (640×640 → 400, vLLM post)."""
+    return _qwen_vl(width, height, 32, 16_777_216)
+
+
+IMAGE_TOKENIZERS: dict[str, ImageTokenizer] = {
+    "llava-1.5": llava_1_5,
+    "llava-next": llava_next,
+    "qwen2-vl": qwen2_vl,
+    "qwen3-vl": qwen3_vl,
+}
+
+
+def get_image_tokenizer(name: str) -> ImageTokenizer:
+    try:
+        return IMAGE_TOKENIZERS[name]
+    except KeyError:
+        known = ", ".join(sorted(IMAGE_TOKENIZERS))
+        raise ValueError(f"unknown model family {name!r}; known: {known}") from None

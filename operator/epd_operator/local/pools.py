@@ -1,0 +1,272 @@
+"""The rollout's pools as local processes: one ``epdctl serve`` per replica on 127.0.0.1.
+
+The local counterpart of the Kubernetes Deployments (``controller.KubePools``): the same
+``rollout_driver.rollout_pass`` creates, grows and deletes pools through it. A replica is
+Ready once its process is alive and the router lists it (it registered by heartbeat); a
+deleted pool's processes get SIGINT (the engine finishes and exits) and SIGKILL after a grace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from epd_engine.config import Role
+from epd_engine.contracts.gpu_placement import GpuSlots
+from epd_operator.local import start_priority
+from epd_operator.rollout.pool_identity import PoolSpec
+from epd_operator.rollout.state_machine import ObservedPool
+
+
+@dataclass(frozen=True)
+class LocalEngines:
+    """How to start one engine process (what ``epdctl up`` passes every instance)."""
+
+    model_dir: Path
+    model_name: str
+    router_url: str
+    run_dir: Path
+    token: str
+    engine_args: tuple[str, ...] = ()
+    device: str = "cpu"
+    dtype: str = "float32"
+    host: str = "127.0.0.1"
+    gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
+
+
+# what an engine searched at start-up -> the flag that gives it to the next one
+_BUDGET_FLAGS = {"token_budget": "--token-budget", "image_token_budget": "--image-token-budget"}
+# what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO, caches)
+BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
+
+
+def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
+    return (role, e.model_dir, e.device, e.dtype, e.engine_args)
+
+
+@dataclass
+class _Replica:
+    instance_id: str
+    popen: subprocess.Popen[bytes]
+    budget_key: BudgetKey
+    url: str = ""
+    spawned: float = 0.0  # wall clock (epoch s) when the process was started
+    ready: float | None = None  # first pass that saw it alive and registered
+    startup: dict[str, float] = field(default_factory=dict)  # the engine's own phases
+    lowered: bool = False  # started at a lower CPU priority (start_priority), until Ready
+
+
+@dataclass(frozen=True)
+class StartupTimeline:
+    """One replica's start, wall clock (epoch s): when this backend started the process, the
+    phases the engine reported (``epd_engine.engine.startup``), and when a pass first saw it
+    Ready."""
+
+    instance_id: str
+    pool: str
+    spawned: float
+    phases: dict[str, float]
+    ready: float | None
+
+
+@dataclass
+class _Pool:
+    role: Role
+    gpus_per_instance: int
+    replicas: list[_Replica] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalPools:
+    def __init__(self, engines: LocalEngines, stop_grace_s: float = 15.0) -> None:
+        self.engines = engines
+        self.stop_grace_s = stop_grace_s
+        self.pools: dict[str, _Pool] = {}
+        # Budgets an instance searched against the SLO at start (HydraInfer), per role and
+        # engine settings (model, device, flags, SLO): later instances of that role with the
+        # same settings are given them and start without the search.
+        self.searched_budgets: dict[BudgetKey, dict[str, int]] = {}
+
+    # --- PoolBackend -------------------------------------------------------------------------
+
+    def observe_pools(self) -> dict[str, ObservedPool]:
+        registered = self._registered()
+        out = {}
+        for name, pool in self.pools.items():
+            ready = 0
+            for rep in pool.replicas:
+                if rep.popen.poll() is None and rep.instance_id in registered:
+                    ready += 1
+                    if rep.ready is None:
+                        self._first_seen_ready(rep)
+            n = len(pool.replicas)
+            out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
+        return out
+
+    def apply_pool(self, pool: PoolSpec) -> None:
+        state = self.pools.setdefault(pool.name, _Pool(pool.role, pool.gpus_per_instance))
+        while len(state.replicas) < pool.replicas:
+            instance_id = f"{pool.name}-{len(state.replicas)}"
+            state.replicas.append(self._start(pool, instance_id))
+
+    def delete_pool(self, name: str) -> None:
+        pool = self.pools.pop(name, None)
+        if pool is not None:
+            self._stop([r.popen for r in pool.replicas])
+            self._release([r.instance_id for r in pool.replicas])
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def stop_all(self) -> None:
+        self._stop([r.popen for pool in self.pools.values() for r in pool.replicas])
+        self._release([r.instance_id for pool in self.pools.values() for r in pool.replicas])
+        self.pools.clear()
+
+    def dead(self) -> list[str]:
+        """Instances whose process exited on its own."""
+        return [
+            r.instance_id
+            for pool in self.pools.values()
+            for r in pool.replicas
+            if r.popen.poll() is not None
+        ]
+
+    def restart_dead(self) -> list[str]:
+        """Start again every replica whose process exited on its own (what a Deployment's
+        ReplicaSet does); returns their instance ids."""
+        restarted = []
+        for name, pool in self.pools.items():
+            spec = PoolSpec(name, pool.role, len(pool.replicas), pool.gpus_per_instance)
+            for i, rep in enumerate(pool.replicas):
+                if rep.popen.poll() is not None:
+                    pool.replicas[i] = self._start(spec, rep.instance_id)
+                    restarted.append(rep.instance_id)
+        return restarted
+
+    def pids(self) -> list[int]:
+        """Every replica's process (each leads its own process group)."""
+        return [r.popen.pid for pool in self.pools.values() for r in pool.replicas]
+
+    def timelines(self) -> list[StartupTimeline]:
+        """Every current replica's start-up timeline."""
+        return [
+            StartupTimeline(r.instance_id, name, r.spawned, r.startup, r.ready)
+            for name, pool in self.pools.items()
+            for r in pool.replicas
+        ]
+
+    def _first_seen_ready(self, rep: _Replica) -> None:
+        """Once per replica: back to the normal CPU priority, its start-up report kept, and
+        the budgets it searched remembered for the next replica of its role."""
+        rep.ready = time.time()
+        if rep.lowered:
+            start_priority.restore(rep.popen.pid)
+        rep.startup, searched = self._startup_report(rep.url)
+        if searched:
+            self.searched_budgets.setdefault(rep.budget_key, searched)
+
+    def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
+        """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
+        try:
+            body = httpx.get(f"{url}/health/ready", timeout=5).json()
+            phases = {str(k): float(v) for k, v in body.get("startup", {}).items()}
+            searched = {
+                str(k): int(v)
+                for k, v in body.get("searched_budgets", {}).items()
+                if k in _BUDGET_FLAGS and int(v) >= 1
+            }
+            return phases, searched
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return {}, {}
+
+    def engine_args(self, pool: PoolSpec, instance_id: str, port: int) -> list[str]:
+        """``epdctl serve`` arguments of one replica; budgets another instance of this role
+        searched with the same settings are passed instead of searching again."""
+        e = self.engines
+        args = [
+            "serve",
+            "--model", str(e.model_dir),
+            "--served-model-name", e.model_name,
+            "--role", pool.role.value,
+            "--pool", pool.name,
+            "--instance-id", instance_id,
+            "--host", e.host,
+            "--port", str(port),
+            "--router-url", e.router_url,
+            "--dtype", e.dtype,
+            "--device", e.device,
+            "--log-level", "warning",
+            *e.engine_args,
+        ]  # fmt: skip
+        for name, value in sorted(self.searched_budgets.get(budget_key(pool.role, e), {}).items()):
+            args += [_BUDGET_FLAGS[name], str(value)]
+        return args
+
+    def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
+        e = self.engines
+        port = _free_port()
+        args = self.engine_args(pool, instance_id, port)
+        env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
+        if e.gpu_slots is not None:
+            placement = e.gpu_slots.acquire(instance_id)
+            args += placement.args()
+            env |= placement.env()
+        log = e.run_dir / "logs" / f"{instance_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        spawned = time.time()
+        with log.open("ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "epd_engine", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        replica = _Replica(
+            instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
+        )
+        replica.lowered = start_priority.lower(popen.pid)
+        return replica
+
+    def _release(self, instance_ids: list[str]) -> None:
+        if self.engines.gpu_slots is not None:
+            for instance_id in instance_ids:
+                self.engines.gpu_slots.release(instance_id)
+
+    def _stop(self, popens: list[subprocess.Popen[bytes]]) -> None:
+        for popen in popens:
+            if popen.poll() is None:
+                os.killpg(popen.pid, signal.SIGINT)
+        for popen in popens:
+            try:
+                popen.wait(self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+
+    def _registered(self) -> set[str]:
+        try:
+            resp = httpx.get(
+                f"{self.engines.router_url}/internal/pools",
+                headers={"X-EPD-Token": self.engines.token},
+                timeout=2,
+            )
+            resp.raise_for_status()
+            pools = resp.json()["pools"]
+            return {i["instance_id"] for p in pools.values() for i in p["instances"]}
+        except (httpx.HTTPError, ValueError, KeyError):
+            return set()

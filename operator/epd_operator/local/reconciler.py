@@ -1,0 +1,178 @@
+"""The reconcile loop on local processes: what ``epdctl up`` runs for ``mode: Auto`` (or
+``--reconcile``), and what ``epdctl apply`` changes at run time.
+
+One pass is the operator's (``controller.reconcile``) with the other backend: the plan
+comes from ``plan_pass.plan_pass`` (the router's trace window, ``loop.choose_plan`` with its
+hysteresis and cooldown), the pools are ``epdctl serve`` processes (``LocalPools``) and the
+rollout is ``rollout_driver.rollout_pass`` against the local router: new pools first, the
+routing switched and read back, old pools drained, then stopped. The profiler plans with
+``cost_source`` (``epdctl up --cost-model FILE``, see ``cost_file``; else the built-in
+reference), over the ``shm`` link ``auto`` transfers use between processes of one host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from epd_engine.contracts.trace import TraceRecord
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.local.pools import LocalEngines, LocalPools
+from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.plan_pass import PlanMemory, plan_pass
+from epd_operator.planning.planner import (
+    MAX_PLAN_REQUESTS,
+    PLAN_TIMEOUT_S,
+    CostSource,
+    reference_cost,
+    workload_stats,
+)
+from epd_operator.rollout.driver import RolloutState, rollout_pass
+from epd_operator.rollout.pool_identity import Owner, pool_specs
+from epd_operator.rollout.router_api import RouterAPI
+from epd_operator.rollout.router_fleet import RouterFleet
+
+PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def engine_args(spec: EPDDeploymentSpec) -> tuple[str, ...]:
+    """What every local engine process of ``spec`` gets (``epdctl serve`` flags)."""
+    e = spec.engine
+    return (
+        "--kv-block-size", str(e.kv_block_size),
+        *e.kv_cache_args(),
+        "--num-image-blocks", str(e.num_image_blocks),
+        "--transfer-backend", e.transfer_backend,
+        "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
+        "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
+        *e.extra_args,
+    )  # fmt: skip
+
+
+@dataclass
+class LocalStatus:
+    """One pass's outcome, as ``epdctl status`` and the state file show it."""
+
+    plan: str  # e.g. "E+P+D 1E1P1D"
+    revision: int
+    reason: str  # why this plan
+    phase: str  # the Progressing reason: RolloutComplete, WaitingForPools, Draining, ...
+    conditions: dict[str, tuple[str, str, str]]  # type -> (status, reason, message)
+    active_pools: list[str]
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost_model: str = ""  # what the profiler plans with (``cost_file.describe``)
+
+    @property
+    def complete(self) -> bool:
+        return self.phase == "RolloutComplete"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan,
+            "revision": self.revision,
+            "reason": self.reason,
+            "phase": self.phase,
+            "conditions": {k: list(v) for k, v in self.conditions.items()},
+            "active_pools": self.active_pools,
+            "pools": self.pools,
+            "cost_model": self.cost_model,
+        }
+
+
+class LocalReconciler:
+    def __init__(
+        self,
+        name: str,
+        engines: LocalEngines,
+        post_event: PostEvent,
+        router_timeout_s: float = 2.0,
+        plan_timeout_s: float = PLAN_TIMEOUT_S,
+        plan_max_requests: int = MAX_PLAN_REQUESTS,
+        cost_source: CostSource = reference_cost,
+    ) -> None:
+        """``cost_source`` is called once here for its label (a local source is a file read
+        at start or the reference: it does not fail) and again by each profiler run."""
+        self.name = name
+        self.engines = engines
+        self.pools = LocalPools(engines)
+        self.router = RouterAPI(engines.router_url, engines.token, router_timeout_s)
+        self.fleet = RouterFleet([engines.router_url], engines.token, router_timeout_s)
+        self.post_event = post_event
+        self.plan_timeout_s = plan_timeout_s
+        self.plan_max_requests = plan_max_requests
+        self.cost_source = cost_source
+        self.cost_label = cost_source()[1]
+        self.memory = PlanMemory()
+        self.state = RolloutState()
+        self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
+
+    def reconcile(self, spec: EPDDeploymentSpec, now: datetime) -> LocalStatus:
+        # a changed spec starts new pools with its engine flags (their names change too)
+        self.pools.engines = replace(self.engines, engine_args=engine_args(spec))
+
+        def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
+            trace = self.router.trace_window(spec.profiler.trace_window_seconds)
+            if trace is None:
+                return None, None
+            stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
+            return trace.records, stats
+
+        passed = plan_pass(
+            spec,
+            self.memory,
+            now,
+            read_workload,
+            self.post_event,
+            plan_timeout_s=self.plan_timeout_s,
+            plan_max_requests=self.plan_max_requests,
+            cost_source=self.cost_source,
+            same_host=True,  # every pool is a process on this host
+        )
+        self.memory = passed.memory
+        plan = passed.plan
+        owner = Owner(name=self.name, namespace="local", uid="local", spec=spec)
+        desired = pool_specs(owner, plan)
+        outcome = rollout_pass(
+            self.pools,
+            self.fleet,
+            desired,
+            plan,
+            self.state,
+            now,
+            spec.gpu_budget,
+            spec.rollout.drain_timeout_seconds,
+            self.post_event,
+        )
+        self.state = outcome.state
+        conditions = {
+            k: (c.status, c.reason, c.message) for k, c in outcome.status.conditions.items()
+        }
+        if passed.note is not None:
+            self.planned = (passed.note.status, passed.note.reason, passed.note.message)
+        if self.planned is not None and spec.disaggregation.mode == "Auto":
+            conditions["Planned"] = self.planned  # the last decision, as the operator keeps it
+        assert self.memory.plan is not None
+        return LocalStatus(
+            plan=plan.describe(),
+            revision=self.memory.plan.revision,
+            reason=plan.reason,
+            phase=conditions["Progressing"][1],
+            conditions=conditions,
+            active_pools=sorted(self.state.active_pools),
+            pools={
+                p.name: {"role": p.role.value, "replicas": p.replicas, "ready": p.ready}
+                for p in self.pools.observe_pools().values()
+            },
+            cost_model=self.cost_label,
+        )
+
+    def restart_dead(self) -> list[str]:
+        return self.pools.restart_dead()
+
+    def pids(self) -> list[int]:
+        return self.pools.pids()
+
+    def stop(self) -> None:
+        self.pools.stop_all()

@@ -1,0 +1,273 @@
+"""``epdctl up`` with the reconcile loop: a router process, then ``LocalReconciler`` passes
+until stopped, re-reading ``runs/<name>/manifest.yaml`` (``epdctl apply`` writes it).
+
+The state file (``runs/<name>/state.json``, private to its user) carries what ``epdctl
+down``, ``status`` and ``apply`` need: the supervisor's pid, every child's pid (each leads
+its own process group), the router's URL and token, and the last pass's status with the
+manifest generation it was made on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from epd_engine.contracts.gpu_placement import GpuSlots, local_gpu_slots
+from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
+from epd_operator.local.pools import LocalEngines
+from epd_operator.local.reconciler import LocalReconciler, LocalStatus, engine_args
+from epd_operator.planning.cost_file import checkpoint_mismatch, cost_source
+
+MANIFEST = "manifest.yaml"
+_GENERATION = "# epdctl-generation: "
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    tmp.replace(path)
+
+
+def manifest_generation(path: Path) -> int:
+    try:
+        first = path.read_text().split("\n", 1)[0]
+    except OSError:
+        return 0
+    return int(first.removeprefix(_GENERATION)) if first.startswith(_GENERATION) else 0
+
+
+def write_manifest(path: Path, text: str) -> int:
+    """Store a manifest for the running loop, one generation past the stored one."""
+    generation = manifest_generation(path) + 1
+    _write_private(path, f"{_GENERATION}{generation}\n{text}")
+    return generation
+
+
+@dataclass
+class Options:
+    name: str
+    model_name: str
+    model_dir: Path
+    run_dir: Path
+    port: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    interval_s: float = 1.0
+    timeout_s: float = 300.0  # the first rollout must complete within this
+    cost_model: Path | None = None  # --cost-model: what the profiler plans with (else reference)
+
+
+def _log(kind: str, reason: str, message: str) -> None:
+    stamp = datetime.now(UTC).strftime("%H:%M:%S")
+    print(f"{stamp} {kind:<7} {reason}: {message}", file=sys.stderr, flush=True)
+
+
+class LocalRun:
+    def __init__(self, opts: Options, manifest_text: str) -> None:
+        self.opts = opts
+        self.token = os.environ.get("EPD_INTERNAL_TOKEN") or secrets.token_urlsafe(32)
+        self.router_url = f"http://127.0.0.1:{opts.port}"
+        self.manifest = opts.run_dir / MANIFEST
+        self.manifest.unlink(missing_ok=True)
+        self.generation = write_manifest(self.manifest, manifest_text)
+        self.spec = self._read_manifest()
+        if isinstance(self.spec, str):
+            raise ValueError(self.spec)
+        self.spec_error = ""
+        self.mtime = self.manifest.stat().st_mtime_ns
+        self.router: subprocess.Popen[bytes] | None = None
+        engines = LocalEngines(
+            opts.model_dir, opts.model_name, self.router_url, opts.run_dir, self.token,
+            engine_args(self.spec), opts.device, opts.dtype,
+            gpu_slots=_gpu_slots(opts.device, self.spec),
+        )  # fmt: skip
+        costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
+        self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
+        self.status: LocalStatus | None = None
+        self.ready = False
+        self.stopping = False
+
+    def _read_manifest(self):  # -> EPDDeploymentSpec | str (why not)
+        try:
+            deployment = EPDDeployment.from_yaml(self.manifest)
+        except (ManifestError, OSError) as exc:
+            return str(exc)
+        if deployment.name != self.opts.name:
+            return f"metadata.name is {deployment.name!r}, this run is {self.opts.name!r}"
+        if deployment.spec.model.name != self.opts.model_name:
+            return "model.name cannot change on a running deployment (restart it)"
+        return deployment.spec
+
+    def _announce_cost_model(self) -> None:
+        _log("Normal", "CostModel", f"the profiler plans with {self.reconciler.cost_label}")
+        model, _ = self.reconciler.cost_source()
+        if self.opts.cost_model is not None:
+            why = checkpoint_mismatch(model, self.opts.model_dir)
+            if why:
+                _log("Warning", "CostModelMismatch", why)
+            return
+        spec = self.spec
+        assert not isinstance(spec, str)
+        ref = spec.profiler.cost_model
+        if ref is not None:
+            _log(
+                "Warning",
+                "CostModelNotRead",
+                f"profiler.costModel (ConfigMap {ref.config_map_name}) is read in a cluster "
+                "only; pass `epdctl up --cost-model FILE` to plan with a measured model",
+            )
+
+    def _start_router(self) -> None:
+        spec = self.spec
+        assert not isinstance(spec, str)
+        slo = spec.slo.to_slo()
+        log = self.opts.run_dir / "logs" / "router.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        args = [
+            sys.executable, "-m", "epd_engine", "router",
+            "--model", self.opts.model_name,
+            "--host", "127.0.0.1", "--port", str(self.opts.port),
+            "--trace-dir", str(self.opts.run_dir / "trace"),
+            "--slo-ttft", str(slo.ttft_s), "--slo-tpot", str(slo.tpot_s),
+            "--slo-attainment", str(slo.attainment),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            self.router = subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "EPD_INTERNAL_TOKEN": self.token},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.router.poll() is not None:
+                raise RuntimeError(f"the router exited; see {log}")
+            try:
+                if httpx.get(f"{self.router_url}/health/live", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the router did not answer in 60 s; see {log}")
+
+    def _reload(self) -> None:
+        try:
+            mtime = self.manifest.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self.mtime:
+            return
+        self.mtime = mtime
+        generation = manifest_generation(self.manifest)
+        spec = self._read_manifest()
+        if isinstance(spec, str):
+            self.spec_error = spec
+            _log("Warning", "InvalidManifest", f"generation {generation} kept out: {spec}")
+            return
+        self.spec, self.generation, self.spec_error = spec, generation, ""
+        _log("Normal", "Applied", f"manifest generation {generation}")
+
+    def write_state(self) -> None:
+        pids = ([self.router.pid] if self.router else []) + self.reconciler.pids()
+        state = {
+            "name": self.opts.name,
+            "pid": os.getpid(),
+            "reconcile": True,
+            "router_url": self.router_url,
+            "token": self.token,
+            "pids": pids,
+            "ready": self.ready,
+            "observed_generation": self.generation,
+            "spec_error": self.spec_error,
+            "status": self.status.to_json() if self.status else None,
+        }
+        _write_private(self.opts.run_dir / "state.json", json.dumps(state, indent=2))
+
+    def pass_once(self) -> LocalStatus:
+        self._reload()
+        spec = self.spec
+        assert not isinstance(spec, str)
+        for instance in self.reconciler.restart_dead():
+            _log("Warning", "Restarted", f"engine {instance} exited; started again")
+        if self.router is not None and self.router.poll() is not None:
+            _log("Warning", "Restarted", "the router exited; started again")
+            self._start_router()
+        self.status = self.reconciler.reconcile(spec, datetime.now(UTC))
+        if self.status.complete:
+            self.ready = True
+        self.write_state()
+        return self.status
+
+    def run(self) -> int:
+        def _terminate(*_: object) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, _terminate)
+        started = time.monotonic()
+        try:
+            self._announce_cost_model()
+            self._start_router()
+            self.write_state()
+            announced = False
+            while not self.stopping:
+                status = self.pass_once()
+                if self.ready and not announced:
+                    announced = True
+                    print(f"ready: {status.plan}; OpenAI endpoint {self.router_url}/v1", flush=True)
+                    logs = self.opts.run_dir / "logs"
+                    print(f"       change it: epdctl apply -f MANIFEST (logs in {logs})")
+                    print("Ctrl-C stops everything.", flush=True)
+                elif not self.ready and time.monotonic() - started > self.opts.timeout_s:
+                    raise TimeoutError(
+                        f"{status.plan} not ready after {self.opts.timeout_s:.0f}s: {status.phase}"
+                    )
+                time.sleep(self.opts.interval_s)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            print("stopping...", flush=True)
+            self.stop()
+        return 0
+
+    def stop(self) -> None:
+        self.reconciler.stop()
+        if self.router is not None and self.router.poll() is None:
+            os.killpg(self.router.pid, signal.SIGINT)
+            try:
+                self.router.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.router.pid, signal.SIGKILL)
+                self.router.wait()
+        (self.opts.run_dir / "state.json").unlink(missing_ok=True)
+
+
+def _gpu_slots(device: str, spec: EPDDeploymentSpec) -> GpuSlots | None:
+    """On CUDA, GPUs for up to twice the budget's instances: during a switch the old and the
+    new pools run side by side."""
+    if device == "cpu":
+        return None
+    return local_gpu_slots(2 * spec.gpu_budget, spec.engine.gpu_memory_fraction)

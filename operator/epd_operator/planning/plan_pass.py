@@ -1,0 +1,149 @@
+"""Which plan, this pass: the decide half of the reconcile loop, for both backends.
+
+The operator (``controller.reconcile``, pools as Deployments) and local mode
+(``local_reconciler.LocalReconciler``, pools as processes) call ``plan_pass`` with what
+their status remembers (``PlanMemory``) and a way to read the live workload; it reads the
+workload only when a re-plan may be due (``loop.replan_due``), runs ``loop.choose_plan``
+(hysteresis, cooldown, failed search keeps the plan) and returns the plan to roll out and
+what to remember. The rollout itself is ``rollout_driver.rollout_pass``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord
+from epd_operator.api.conditions import ConditionState
+from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus, WorkloadSnapshot
+from epd_operator.planning.choice import (
+    Planner,
+    WorkloadStats,
+    choose_plan,
+    heuristic_planner,
+    replan_due,
+    same_plan,
+)
+from epd_operator.planning.planner import (
+    MAX_PLAN_REQUESTS,
+    PLAN_TIMEOUT_S,
+    CostSource,
+    auto_planner,
+    reference_cost,
+)
+
+PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
+# The trace window's records (None: unreadable) and the workload statistics (None: none).
+ReadWorkload = Callable[[], tuple[Sequence[TraceRecord] | None, WorkloadStats | None]]
+
+
+def _milli(x: float | None) -> int | None:
+    return None if x is None else round(x * 1000)
+
+
+def snapshot(stats: WorkloadStats) -> WorkloadSnapshot:
+    return WorkloadSnapshot(
+        num_requests=stats.num_requests,
+        request_rate_milli_rps=round(stats.request_rate_rps * 1000),
+        mean_prompt_tokens=None
+        if stats.mean_prompt_tokens is None
+        else round(stats.mean_prompt_tokens),
+        mean_images_milli=_milli(stats.mean_images),
+        mean_output_tokens=None
+        if stats.mean_output_tokens is None
+        else round(stats.mean_output_tokens),
+    )
+
+
+def from_snapshot(snap: WorkloadSnapshot) -> WorkloadStats:
+    return WorkloadStats(
+        num_requests=snap.num_requests,
+        request_rate_rps=snap.request_rate_milli_rps / 1000,
+        mean_prompt_tokens=snap.mean_prompt_tokens,
+        mean_images=None if snap.mean_images_milli is None else snap.mean_images_milli / 1000,
+        mean_output_tokens=snap.mean_output_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    """What the status remembers about plans between passes."""
+
+    plan: PlanStatus | None = None
+    last_planned: datetime | None = None
+    last_change: datetime | None = None
+    planned_on: WorkloadSnapshot | None = None  # the workload the plan was made on
+
+
+@dataclass(frozen=True)
+class PlanPassResult:
+    plan: Plan  # to roll out (as the status records it, so every pass renders the same)
+    memory: PlanMemory
+    note: ConditionState | None  # the ``Planned`` condition, when there is news
+    planner_s: float | None  # the planner ran this long (None: it did not run)
+
+
+def plan_pass(
+    spec: EPDDeploymentSpec,
+    memory: PlanMemory,
+    now: datetime,
+    read_workload: ReadWorkload,
+    post_event: PostEvent,
+    cost_source: CostSource = reference_cost,
+    plan_timeout_s: float = PLAN_TIMEOUT_S,
+    plan_max_requests: int = MAX_PLAN_REQUESTS,
+    same_host: bool = False,
+) -> PlanPassResult:
+    """One pass's plan. ``cost_source`` names the cost model the profiler plans with (its
+    label ends up in the plan's reason); ``same_host``: the pools are local processes."""
+
+    def since(t: datetime | None) -> float:
+        return (now - t).total_seconds() if t else float("inf")
+
+    last_planned, last_change = memory.last_planned, memory.last_change
+    since_plan = since(last_planned)
+    planned_on = from_snapshot(memory.planned_on) if memory.planned_on else None
+    stats: WorkloadStats | None = None
+    planner: Planner = heuristic_planner
+    if replan_due(spec, memory.plan, since_plan):  # Auto only; the window is read only then
+        records, stats = read_workload()
+        planner = auto_planner(
+            records,
+            cost_source,
+            timeout_s=plan_timeout_s,
+            max_requests=plan_max_requests,
+            same_host=same_host,
+        )
+    started = time.perf_counter()
+    choice = choose_plan(
+        spec, memory.plan, stats, planned_on, since_plan, planner, since(last_change)
+    )
+    planner_s = time.perf_counter() - started if choice.ran else None
+    plan, plan_status, new_planned_on = choice.plan, memory.plan, memory.planned_on
+    if choice.ran:
+        last_planned = now
+        new_planned_on = snapshot(stats) if stats is not None else None
+        if plan_status is not None and same_plan(plan_status.to_plan(), plan):
+            # same pools: keep the revision, record the new reason and prediction
+            plan_status = PlanStatus.from_plan(plan, plan_status.revision)
+    if plan_status is None or not same_plan(plan_status.to_plan(), plan):
+        revision = plan_status.revision + 1 if plan_status else 1
+        before = plan_status.to_plan().describe() if plan_status else "none"
+        plan_status = PlanStatus.from_plan(plan, revision)
+        post_event(
+            "Normal",
+            "PlanChanged",
+            f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
+        )
+        last_planned = last_change = now
+    new = replace(
+        memory,
+        plan=plan_status,
+        last_planned=last_planned,
+        last_change=last_change,
+        planned_on=new_planned_on,
+    )
+    return PlanPassResult(plan_status.to_plan(), new, choice.note, planner_s)

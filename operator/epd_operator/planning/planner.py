@@ -1,0 +1,342 @@
+"""Auto mode's planner: the trace-replay profiler on the router's live trace window.
+
+Pure (no kopf, no Kubernetes client): the controller hands it the trace window, the spec and
+a cost model. ``profiler_plan`` runs the plan search of ``epdctl plan`` (every method and
+every ratio for the instances the GPU budget pays for, scored by simulated goodput at the
+spec's SLOs); ``bounded_profiler_plan`` runs it in a child process that is killed at a time
+limit, so a reconcile pass never blocks for long; ``auto_planner`` is what ``choose_plan``
+calls: the profiler when the window has ``profiler.minRequests`` records, else the heuristic
+(``loop.heuristic_plan``) with a reason saying why. ``workload_stats`` measures the window for
+the shift and SLO-attainment triggers, so Auto mode needs no Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+
+from tqdm import tqdm
+
+from epd_engine.config import SLO, Method, Role
+from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.trace import TraceRecord, sort_by_arrival
+from epd_engine.profiler.candidates import ALL_METHODS, Candidate
+from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.evaluate import Evaluation, Evaluator
+from epd_engine.profiler.reference import reference_cost_model
+from epd_engine.profiler.search import Hint, search_plans, to_plan
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.planning.choice import (
+    Planner,
+    PlanningError,
+    Proposal,
+    WorkloadStats,
+    heuristic_plan,
+    instances_allowed,
+)
+
+MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
+PLAN_TIMEOUT_S = 60.0
+REFERENCE_LABEL = "built-in synthetic reference (LLaVA-1.5-7B fp16, H800-class GPU)"
+
+# () -> (cost model, how to name it in the plan's reason); ValueError when it cannot be read.
+CostSource = Callable[[], tuple[FittedCostModel, str]]
+
+
+def reference_cost() -> tuple[FittedCostModel, str]:
+    return reference_cost_model(), REFERENCE_LABEL
+
+
+def cost_model_from_json(text: str, source: str) -> FittedCostModel:
+    """A cost model JSON (``epdctl profile-costs``); ValueError naming ``source`` if it is not."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: not a cost model (expected a JSON object)")
+    return FittedCostModel.from_dict(data, source=source)
+
+
+# --- the workload ----------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def workload_stats(
+    records: Sequence[TraceRecord], window_s: float, slo: SLO | None = None
+) -> WorkloadStats:
+    """Rate and per-request means of a trace window covering ``window_s`` seconds.
+
+    With ``slo``, attainment is the share of the records that carry a measured TTFT and
+    meet both SLOs (the router records finished requests only, so failures do not count).
+    """
+    measured = [r for r in records if r.ttft_s is not None]
+    attainment = None
+    if slo is not None and measured:
+        met = sum(
+            (r.ttft_s or 0.0) <= slo.ttft_s and (r.tpot_p90_s or 0.0) <= slo.tpot_s
+            for r in measured
+        )
+        attainment = met / len(measured)
+    return WorkloadStats(
+        num_requests=len(records),
+        request_rate_rps=len(records) / window_s if window_s > 0 else 0.0,
+        mean_prompt_tokens=_mean([r.prompt_tokens for r in records]),
+        mean_images=_mean([r.num_images for r in records]),
+        mean_output_tokens=_mean([r.output_tokens for r in records]),
+        slo_attainment=attainment,
+    )
+
+
+def subsample(records: Sequence[TraceRecord], max_requests: int) -> list[TraceRecord]:
+    """At most ``max_requests`` records, evenly spaced in arrival order (deterministic), so the
+    sample keeps the window's mix and arrival pattern; rebased to start at 0."""
+    ordered = sort_by_arrival(records)
+    if len(ordered) > max_requests:
+        ordered = [ordered[i * len(ordered) // max_requests] for i in range(max_requests)]
+    start_s = ordered[0].arrival_s if ordered else 0.0
+    return [r.model_copy(update={"arrival_s": r.arrival_s - start_s}) for r in ordered]
+
+
+# --- the profiler ----------------------------------------------------------------------------
+
+
+def profiler_plan(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    max_requests: int = MAX_PLAN_REQUESTS,
+    num_in_window: int | None = None,
+) -> Plan:
+    """The highest-goodput plan for the trace, by exhaustive simulated search (see
+    ``profiler_proposal``)."""
+    return profiler_proposal(spec, records, cost, cost_label, max_requests, num_in_window).plan
+
+
+def methods_for(records: Sequence[TraceRecord]) -> list[Method]:
+    """Every method, except those with an encode-only pool when no request has an image."""
+    if any(r.num_images for r in records):
+        return list(ALL_METHODS)
+    return [m for m in ALL_METHODS if Role.E not in m.roles]
+
+
+def profiler_proposal(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    max_requests: int = MAX_PLAN_REQUESTS,
+    num_in_window: int | None = None,
+    current: Plan | None = None,
+    same_host: bool = False,
+) -> Proposal:
+    """The highest-goodput plan for the trace, by exhaustive simulated search, and the
+    ``current`` plan's goodput simulated on the same sample (to compare them fairly).
+
+    Candidates: every method and ratio for ``instances_allowed(spec)`` instances (no
+    encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. The plan carries
+    ``predicted`` (goodput, p90 TTFT/TPOT at it) and its trace provenance; batch budgets are
+    left out (each engine measures its own at start-up). ``num_in_window``: how many requests
+    ``records`` was sampled from, if it was. ``same_host``: every instance runs on one host
+    (``epdctl up``), so ``auto`` transfers map a peer's memory. Raises PlanningError when no
+    candidate meets the SLOs at any rate.
+    """
+    if not records:
+        raise PlanningError("the trace window is empty")
+    sample = subsample(records, max_requests)
+    # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp.
+    cost = cost.for_backend(spec.engine.transfer_backend, same_host=same_host)
+    slo = spec.slo.to_slo()
+    num_instances = instances_allowed(spec)
+    methods = methods_for(sample)
+    evaluator, result, _ = search_plans(
+        sample, cost, slo, num_instances, methods=methods, with_heuristic=False,
+        show_progress=False, hint=previous_hint(current, num_instances, methods),
+    )  # fmt: skip
+    at = f"TTFT<={slo.ttft_s:g}s, TPOT<={slo.tpot_s:g}s"
+    if result.best is None:
+        raise PlanningError(
+            f"none of {result.num_candidates} plans for {num_instances} instances meets {at} "
+            f"at any rate on this cost model"
+        )
+    total = max(num_in_window or 0, len(records))
+    on = f"{len(sample)} requests"
+    if len(sample) < total:
+        on = f"{len(sample)} of {total} requests (evenly sampled)"
+    if len(methods) < len(ALL_METHODS):
+        on += ", text only"
+    label = cost_label or str(cost.meta.get("source", "unnamed"))
+    link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
+    reason = (
+        f"profiler: best of {result.num_candidates} plans on {on} at {at} "
+        f"({result.num_pruned} pruned by bound); cost model: {label}{link}"
+    )
+    plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
+    current_rps = None
+    if current is not None and current.num_instances == num_instances:
+        current_rps = searched_goodput(result.evaluations, candidate_of(current))
+        if current_rps is None:  # the search did not need its exact goodput
+            current_rps = simulated_goodput(evaluator, current)
+    return Proposal(plan, current_rps, result.num_simulations)
+
+
+def candidate_of(plan: Plan) -> Candidate:
+    return Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles))
+
+
+def previous_hint(
+    current: Plan | None, num_instances: int, methods: Sequence[Method]
+) -> Hint | None:
+    """The current plan, searched first from the goodput predicted for it: a re-plan on a
+    window that has not moved settles in a few simulations. Speed only: the search finds the
+    same plan without it."""
+    if current is None or current.predicted is None or current.predicted.goodput_rps <= 0:
+        return None
+    if current.num_instances != num_instances or current.method not in methods:
+        return None
+    return Hint(candidate_of(current), current.predicted.goodput_rps)
+
+
+def searched_goodput(evaluations: Sequence[Evaluation], candidate: Candidate) -> float | None:
+    """``candidate``'s goodput if the search settled it exactly (on the same rate grid as the
+    plan it chose, so the two compare like for like); the hinted current plan always is."""
+    for evaluation in evaluations:
+        if evaluation.candidate == candidate and evaluation.status == "searched":
+            return evaluation.goodput_rps
+    return None
+
+
+def simulated_goodput(evaluator: Evaluator, plan: Plan) -> float:
+    """``plan``'s goodput on the evaluator's trace (0 when it meets the SLOs at no rate)."""
+    candidate = candidate_of(plan)
+    bound = evaluator.bound(candidate)
+    if bound <= 0:
+        return 0.0
+    finite = bound != float("inf")
+    start = max(1e-3, bound / 2) if finite else 1.0
+    found = evaluator.searched(candidate, bound if finite else 1e6, start)
+    return found.goodput_rps or 0.0
+
+
+def _plan_in_child(
+    conn: Connection,
+    spec: EPDDeploymentSpec,
+    records: list[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str,
+    num_in_window: int,
+    current: Plan | None,
+    same_host: bool,
+) -> None:
+    # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
+    # report as leaked when this process ends; the search is single-threaded here.
+    tqdm.set_lock(threading.RLock())
+    try:
+        got = profiler_proposal(
+            spec, records, cost, cost_label, len(records), num_in_window, current, same_host
+        )
+        reply = (got.plan.model_dump_json(), got.current_goodput_rps, got.num_simulations)
+        conn.send((True, reply))
+    except PlanningError as exc:
+        conn.send((False, str(exc)))
+    except Exception as exc:  # a bug: reported, and the parent falls back to the heuristic
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def bounded_profiler_plan(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord],
+    cost: FittedCostModel,
+    cost_label: str = "",
+    timeout_s: float = PLAN_TIMEOUT_S,
+    max_requests: int = MAX_PLAN_REQUESTS,
+    current: Plan | None = None,
+    same_host: bool = False,
+) -> Proposal:
+    """``profiler_proposal`` in a child process (spawned: the operator's threads are not forked),
+    killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
+    re-imports the main module, so a script calling this needs ``if __name__ == "__main__"``
+    (``kopf run`` and pytest have it)."""
+    if not records:
+        raise PlanningError("the trace window is empty")
+    sample = subsample(records, max_requests)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_plan_in_child,
+        args=(send, spec, sample, cost, cost_label, len(records), current, same_host),
+        name="epd-plan-search",
+        daemon=True,
+    )
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            raise PlanningError(f"the plan search took longer than {timeout_s:g} s")
+        try:
+            ok, payload = receive.recv()
+        except EOFError:
+            raise PlanningError(
+                f"the plan search process died (exit code {child.exitcode})"
+            ) from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join(timeout=5)
+        receive.close()
+    if not ok:
+        raise PlanningError(payload)
+    plan_json, current_rps, num_simulations = payload
+    return Proposal(Plan.model_validate_json(plan_json), current_rps, num_simulations)
+
+
+def auto_planner(
+    records: Sequence[TraceRecord] | None,
+    cost_source: CostSource = reference_cost,
+    *,
+    no_trace_why: str = "router trace unavailable",
+    timeout_s: float = PLAN_TIMEOUT_S,
+    max_requests: int = MAX_PLAN_REQUESTS,
+    same_host: bool = False,
+) -> Planner:
+    """The planner ``choose_plan`` calls in Auto mode, for this pass's trace window
+    (``records``; None when the trace could not be read, ``no_trace_why`` says why).
+    ``same_host``: local mode's instances share one host (see ``profiler_proposal``).
+
+    At least ``profiler.minRequests`` records: the bounded profiler, which also re-simulates
+    the current plan. Otherwise, or when the cost model cannot be read or the search fails:
+    the first plan is the heuristic's (its reason says why); a later re-plan raises
+    PlanningError, so the current plan stays (no flapping between profiler and heuristic).
+    """
+
+    def plan(
+        spec: EPDDeploymentSpec, stats: WorkloadStats | None, current: Plan | None
+    ) -> Proposal:
+        def cannot(why: str) -> Proposal:
+            if current is not None:
+                raise PlanningError(why)
+            return Proposal(heuristic_plan(spec, stats, why))
+
+        if records is None:
+            return cannot(no_trace_why)
+        need = spec.profiler.min_requests
+        if len(records) < need:
+            return cannot(f"{len(records)} requests in the trace window, profiler needs {need}")
+        try:
+            cost, label = cost_source()
+            return bounded_profiler_plan(
+                spec, records, cost, label, timeout_s, max_requests, current, same_host
+            )
+        except (PlanningError, ValueError) as exc:
+            return cannot(f"profiler gave no plan: {exc}")
+
+    return plan
