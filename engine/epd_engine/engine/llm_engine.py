@@ -29,7 +29,13 @@ from epd_engine.model.registry import RopeRule, family_of
 from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
 from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
-from epd_engine.scheduler.budget_search import search_budget
+from epd_engine.scheduler.budget_search import (
+    MAX_IMAGE_SEARCH,
+    image_limit_s,
+    max_prefill_tokens,
+    search_budget,
+    token_limit_s,
+)
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
 from epd_engine.transfer.memory import CacheMemory, dtype_of
@@ -187,14 +193,15 @@ class LLMEngine:
         """Given budgets, or the largest measured batch under alpha x SLO (HydraInfer)."""
         cfg = self.config
         role = cfg.role
-        limit_s = cfg.budget_alpha * (cfg.slo.tpot_s if role.decodes else cfg.slo.ttft_s)
         token_budget = cfg.token_budget
         if token_budget is None:
             if self.runner.language is None:
                 token_budget = 1
             else:
-                kv_tokens = self.runner.shape.num_kv_blocks * cfg.kv_block_size
-                max_tokens = min(self.max_model_len - 1, kv_tokens)
+                max_tokens = max_prefill_tokens(
+                    self.max_model_len, self.runner.shape.num_kv_blocks, cfg.kv_block_size
+                )
+                limit_s = token_limit_s(role, cfg.slo, cfg.budget_alpha)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
                 self.searched_budgets["token_budget"] = token_budget
         image_budget = cfg.image_token_budget
@@ -208,9 +215,9 @@ class LLMEngine:
             else:
                 probe_tokens = vision.tokens_of(vision.probe_pixels())
                 cache_images = cfg.num_image_blocks * page_tokens // probe_tokens
-                max_images = max(1, min(cache_images, 64))
+                max_images = max(1, min(cache_images, MAX_IMAGE_SEARCH))
                 image_budget = probe_tokens * search_budget(
-                    self._time_encode, cfg.budget_alpha * cfg.slo.ttft_s, max_images
+                    self._time_encode, image_limit_s(cfg.slo, cfg.budget_alpha), max_images
                 )
                 self.searched_budgets["image_token_budget"] = image_budget
         return token_budget, image_budget

@@ -11,9 +11,14 @@ from __future__ import annotations
 from epd_engine.config import SLO, Role, Stage
 from epd_engine.contracts.plan import Budgets
 from epd_engine.profiler.cost_model import FittedCostModel
-from epd_engine.scheduler.budget_search import BudgetSearchError, search_budget
-
-MAX_IMAGE_BUDGET = 64  # cap on the image-budget search, in image-cache pages
+from epd_engine.scheduler.budget_search import (
+    MAX_IMAGE_SEARCH,
+    BudgetSearchError,
+    image_limit_s,
+    max_prefill_tokens,
+    search_budget,
+    token_limit_s,
+)
 
 
 def derive_budgets(
@@ -22,21 +27,22 @@ def derive_budgets(
     """Budgets of one instance of ``role``; None when even a batch of one misses the limit
     (the engine would refuse to start: that plan cannot meet the SLO on this hardware)."""
     cap = cost.capacity
-    limit_s = alpha * (slo.tpot_s if role.decodes else slo.ttft_s)
     token_budget = 1
     image_budget = 1
     try:
         if role.needs_language:
-            max_tokens = min(cap.max_model_len - 1, cap.num_kv_blocks * cap.kv_block_size)
-            token_budget = search_budget(cost.prefill_s, limit_s, max_tokens)
+            max_tokens = max_prefill_tokens(cap.max_model_len, cap.num_kv_blocks, cap.kv_block_size)
+            token_budget = search_budget(
+                cost.prefill_s, token_limit_s(role, slo, alpha), max_tokens
+            )
         if role.runs(Stage.ENCODE):
             # in cache pages, as the engine reads ``--image-budget`` (n x page image tokens an
             # iteration; LLaVA-1.5: n images): exact in tokens whatever the trace's image sizes
             page = cap.image_block_tokens
             image_budget = search_budget(
                 lambda n: cost.encode_s(n * page),
-                alpha * slo.ttft_s,
-                min(cap.num_image_blocks, MAX_IMAGE_BUDGET),
+                image_limit_s(slo, alpha),
+                min(cap.num_image_blocks, MAX_IMAGE_SEARCH),
             )
     except BudgetSearchError:
         return None
