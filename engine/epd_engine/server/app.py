@@ -16,7 +16,8 @@ from epd_engine.api.limits import BodySizeLimit
 from epd_engine.api.logprobs import token_text_of
 from epd_engine.config import EngineConfig, internal_token
 from epd_engine.contracts.routing_policy import InstanceLoad
-from epd_engine.disagg.migration import MigrationManager
+from epd_engine.disagg.hooks import AsyncEngineHooks
+from epd_engine.disagg.migration import Migration
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.engine.async_engine import AsyncEngine
 from epd_engine.engine.gc_heap import freeze_startup_heap
@@ -105,8 +106,8 @@ def _connect_router(
     exports = Exports()
     regions = state.engine.engine.runner.regions
     backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)
-    state.migration = MigrationManager(
-        state.engine,
+    state.migration = Migration(
+        AsyncEngineHooks(state.engine),
         link,
         backend,
         exports,

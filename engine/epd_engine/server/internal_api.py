@@ -67,7 +67,7 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     )
     stream = RequestOutputStream(
         sink=lambda output: link.send(output, routing),
-        loop=state.migration.loop,
+        loop=state.migration.source.loop,
         detokenizer=detokenizer,
         num_prompt_tokens=len(prompt.token_ids),
         num_output_tokens=len(payload.resume_output_token_ids),
@@ -114,8 +114,8 @@ async def abort(router_request_id: str, body: AbortRequest, request: Request) ->
         return True
 
     held = bool(await engine.call_async(stop))
-    if state.migration is not None and request_id in state.migration.handed_to:
-        state.migration.release(request_id)  # pages parked for a target that need not pull
+    if state.migration is not None and request_id in state.migration.source.handed_to:
+        state.migration.source.release(request_id)  # pages parked for a target that need not pull
         held = True
     if held:
         state.metrics.requests.labels(**state.metrics.labels, outcome="aborted").inc()
@@ -127,7 +127,7 @@ async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
     state = _state(request)
     if state.migration is None:
         raise ClientError("this instance has no router link")
-    await state.migration.accept(offer)
+    await state.migration.target.accept(offer)
     return {"status": "queued"}
 
 
@@ -154,7 +154,7 @@ async def progress(request_id: str, request: Request, after: int = -1) -> dict[s
     state = _state(request)
     if state.migration is None:
         raise ClientError("this instance has no router link")
-    answer = await state.migration.progress(request_id, after)
+    answer = await state.migration.source.progress(request_id, after)
     if answer is None:
         raise NotFound(f"no request {request_id} offered early here")
     return answer.model_dump(mode="json")
@@ -164,5 +164,5 @@ async def progress(request_id: str, request: Request, after: int = -1) -> dict[s
 async def release(request_id: str, request: Request) -> dict[str, str]:
     state = _state(request)
     assert state.migration is not None
-    state.migration.release(request_id)
+    state.migration.source.release(request_id)
     return {"status": "released"}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import httpx
 
 from epd_engine.config import EngineConfig
-from epd_engine.disagg.migration import MigrationManager
+from epd_engine.disagg.migration import Migration
 from epd_engine.engine.async_engine import AsyncEngine
 from epd_engine.inputs.preprocess_pool import PreprocessPool
 from epd_engine.inputs.processor import InputProcessor
@@ -21,7 +21,7 @@ class InstanceState:
     processor: InputProcessor
     metrics: Metrics
     http: httpx.AsyncClient
-    migration: MigrationManager | None = None  # set when a router owns this instance
+    migration: Migration | None = None  # set when a router owns this instance
     preprocess: PreprocessPool | None = None  # worker processes for images and the processor
     ready: bool = False
     frozen_objects: int = 0  # start-up objects full collections skip (gc_heap)

@@ -2,7 +2,8 @@
 with pages, the backend fills them in layer groups, the request runs here and the source is
 released -- or, when the backend fails, the request is recomputed or re-routed, never lost.
 
-Real: the tiny model's engine and its thread, the MigrationManager, the source's release
+Real: the tiny model's engine and its thread, the migration (its target side wired to the
+engine through ``AsyncEngineHooks``), the source's release
 endpoint (a plain HTTP server on loopback). Fakes: the transfer backend (it records or
 fails transfers: the point is the state machine around it; real backends are tested in
 tests/engine/transfer) and the router link (it records what would go to the router).
@@ -23,7 +24,8 @@ import pytest
 
 from epd_engine.config import EngineConfig, Role
 from epd_engine.contracts.routing_policy import InstanceLoad
-from epd_engine.disagg.migration import MigrationManager
+from epd_engine.disagg.hooks import AsyncEngineHooks
+from epd_engine.disagg.migration import Migration
 from epd_engine.engine.async_engine import AsyncEngine
 from epd_engine.engine.llm_engine import LLMEngine
 from epd_engine.request import CacheKind
@@ -95,7 +97,7 @@ def source_url() -> Iterator[tuple[str, list[str]]]:
 @dataclass
 class Target:
     engine: AsyncEngine
-    manager: MigrationManager
+    migration: Migration
     backend: FakeBackend
     link: RecordingLink
 
@@ -113,16 +115,17 @@ async def make_target(tiny_model_dir: Path) -> AsyncIterator[Any]:
         me = InstanceLoad(instance_id="d-0", url="http://d-0", role=role, pool="d")
         link = RecordingLink(me)
         http = httpx.AsyncClient()
-        manager = MigrationManager(engine, link, backend, Exports(), http, "t", 1)  # type: ignore[arg-type]
+        hooks = AsyncEngineHooks(engine)
+        migration = Migration(hooks, link, backend, Exports(), http, "t", 1)  # type: ignore[arg-type]
         engine.start()
-        target = Target(engine, manager, backend, link)
+        target = Target(engine, migration, backend, link)
         started.append(target)
         return target
 
     yield make
     for target in started:
-        await target.manager.close()
-        await target.manager.http.aclose()
+        await target.migration.close()
+        await target.migration.target.http.aclose()
         target.engine.stop()
 
 
@@ -156,7 +159,7 @@ async def test_pull_fills_pages_layer_group_by_group_then_runs_and_releases(
 ) -> None:
     url, released = source_url
     target: Target = await make_target(Role.D, FakeBackend())
-    await target.manager.accept(kv_offer(url))
+    await target.migration.target.accept(kv_offer(url))
     await until(lambda: "/internal/migrations/r-0/release" in released)
     transfers = target.backend.transfers
     assert [(t.layer_start, t.layer_stop) for t in transfers] == [(0, 1), (1, 2)]  # 2 layers
@@ -173,7 +176,7 @@ async def test_a_failed_pull_on_a_decode_only_instance_is_rerouted_and_frees_its
     url, released = source_url
     before = len(released)
     target: Target = await make_target(Role.D, FakeBackend(fail_with="source gone"))
-    await target.manager.accept(kv_offer(url))
+    await target.migration.target.accept(kv_offer(url))
     await until(lambda: bool(target.link.retries))
     assert "source gone" in target.link.retries[0]
     scheduler = target.engine.engine.scheduler
@@ -188,7 +191,7 @@ async def test_a_failed_pull_where_prefill_runs_recomputes_here(
     url, released = source_url
     before = len(released)
     target: Target = await make_target(Role.PD, FakeBackend(fail_with="timed out"))
-    await target.manager.accept(kv_offer(url))
+    await target.migration.target.accept(kv_offer(url))
     scheduler = target.engine.engine.scheduler
     await until(lambda: not scheduler.requests)  # recomputed the prompt, decoded, finished
     assert target.link.retries == []

@@ -1,0 +1,108 @@
+"""The other instances, as migration sees them (DESIGN.md §4, "Router").
+
+The router link's heartbeats bring back the router's table of active instances: a source
+offers each hand-off to the least-loaded instance of the request's next stage that takes it.
+A target's transfer backend connects to each source it pulls from once (on the first pull);
+a source that leaves the table has its connection dropped, and the source side is told who
+is alive (it frees what it parked for a target that died before pulling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from epd_engine.config import Stage
+from epd_engine.contracts.routing_policy import InstanceLoad, LeastLoaded
+from epd_engine.disagg.hooks import RouterPort
+from epd_engine.request import PullSpec
+from epd_engine.transfer.backend import Peer, TransferBackend
+from epd_engine.transfer.messages import MigrationOffer
+
+log = logging.getLogger(__name__)
+# How long a source waits for a peer of the next stage to appear in its table before it
+# hands the request back to the router (longer than the router's 3 s instance timeout).
+TARGET_WAIT_S = 5.0
+
+
+class Peers:
+    def __init__(
+        self, link: RouterPort, backend: TransferBackend, http: httpx.AsyncClient, token: str
+    ) -> None:
+        self.link = link
+        self.backend = backend
+        self.http = http
+        self.headers = {"X-EPD-Token": token}
+        self.policy = LeastLoaded()
+        self.pulled_from: set[str] = set()  # sources we pulled from (the backend holds connections)
+
+    # ---- target choice ----------------------------------------------------------------
+    async def place(self, offer: MigrationOffer, stage: Stage) -> InstanceLoad | None:
+        """Offer to the least-loaded instance of ``stage`` that takes it; None if none does."""
+        candidates = await self.targets(stage)
+        while candidates:
+            target = self.policy.choose(candidates)
+            candidates.remove(target)
+            if await self._send_offer(target, offer):
+                return target
+        return None
+
+    async def targets(self, stage: Stage) -> list[InstanceLoad]:
+        """Peers that run ``stage``. An empty table waits a little: an instance learns of its
+        peers from heartbeat answers, so one that just started may not know them yet."""
+        deadline = time.monotonic() + TARGET_WAIT_S
+        while True:
+            me = self.link.identity.instance_id
+            found = [i for i in self.link.instances if i.role.runs(stage) and i.instance_id != me]
+            if found or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(self.link.heartbeat_s / 2)
+
+    async def _send_offer(self, target: InstanceLoad, offer: MigrationOffer) -> bool:
+        try:
+            response = await self.http.post(
+                f"{target.url}/internal/migrations",
+                json=offer.model_dump(mode="json"),
+                headers=self.headers,
+                timeout=10.0,
+            )
+        except httpx.HTTPError as exc:
+            log.warning("offer of %s to %s failed: %r", offer.request_id, target.url, exc)
+            return False
+        if response.status_code != 200:
+            log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
+        return response.status_code == 200
+
+    # ---- connections ------------------------------------------------------------------
+    def source(self, spec: PullSpec) -> Peer:
+        """The transfer backend's handle on a source we pull from (remembered, so its
+        connection is dropped once the source leaves the table)."""
+        self.pulled_from.add(spec.source_instance)
+        return Peer(spec.source_instance, spec.source_url, spec.descriptor)
+
+    async def watch(
+        self, on_table: Callable[[set[str]], Awaitable[None]], interval_s: float = 1.0
+    ) -> None:
+        """Peers that left the router's table: drop our connections and mappings to them;
+        then ``on_table`` with the ids still in it (the source side checks its targets)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self.link.instances:
+                continue  # no table yet (or the router is away): keep what we have
+            alive = {i.instance_id for i in self.link.instances}
+            for instance_id in self.pulled_from - alive:
+                self.backend.forget(instance_id)
+                self.pulled_from.discard(instance_id)
+            await on_table(alive)
+
+    async def answers(self, target: InstanceLoad) -> bool:
+        """Whether ``target`` is alive though not in the table (a draining pool still pulls)."""
+        try:
+            response = await self.http.get(f"{target.url}/health/live", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
