@@ -38,7 +38,6 @@ import os
 import platform
 import random
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,14 +47,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from epd_engine.local.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 SERVED_NAME = "bench"

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from benchmarks.switch_drill import MAX_TOKENS, _data_url, ask
-from epd_operator.local.run import read_state
+from epd_engine.local.state_file import read_state
 
 NAME = "demo-loop"
 SLO_TTFT_S = 4.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from epd_engine.local.ports import free_port as free_port  # the tests' one port helper
+
 EPDCTL = [sys.executable, "-m", "epd_engine"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:

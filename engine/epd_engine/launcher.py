@@ -8,11 +8,9 @@ The same spec and plan the operator renders into Deployments become, here, proce
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,13 +18,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from epd_engine.config import internal_token, internal_token_set
 from epd_engine.contracts.gpu_placement import local_gpu_slots
 from epd_engine.contracts.plan import Plan
+from epd_engine.local.ports import free_port
+from epd_engine.local.state_file import read_state, remove_state, write_state
+from epd_engine.local.tcp_balancer import TcpBalancer
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class LaunchSpec:
     model_name: str
     model_dir: Path
     plan: Plan
-    router_port: int
+    router_port: int  # the clients' port: the router, or a balancer over its replicas
     run_dir: Path
     host: str = "127.0.0.1"
     slo_ttft_s: float = 4.0
@@ -62,14 +62,28 @@ class LaunchSpec:
     token: str = field(default_factory=lambda: internal_token() if internal_token_set() else "")
     # instances prove they belong to this run when they register with its router
     deployment_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # router.replicas: above one, each replica gets a port of its own and a per-connection
+    # balancer takes router_port, as a Service spreads connections over router pods
+    router_replicas: int = 1
+    replica_ports: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token:
             self.token = secrets.token_urlsafe(32)
+        if not self.replica_ports:
+            one = self.router_replicas == 1
+            self.replica_ports = (
+                [self.router_port] if one else [free_port() for _ in range(self.router_replicas)]
+            )
 
     @property
     def router_url(self) -> str:
         return f"http://{self.host}:{self.router_port}"
+
+    @property
+    def router_urls(self) -> list[str]:
+        """Each replica's own URL: instances register with, and stream events to, each."""
+        return [f"http://{self.host}:{port}" for port in self.replica_ports]
 
     def auth_env(self) -> dict[str, str]:
         return {"EPD_INTERNAL_TOKEN": self.token, "EPD_DEPLOYMENT_ID": self.deployment_id}
@@ -77,12 +91,6 @@ class LaunchSpec:
     def headers(self) -> dict[str, str]:
         """What a client of this run's internal endpoints sends."""
         return {"X-EPD-Token": self.token}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pool_name(deployment: str, role: str) -> str:
@@ -109,7 +117,7 @@ def instances(spec: LaunchSpec) -> list[InstanceSpec]:
                 "--instance-id", f"{pool}-{index}",
                 "--host", spec.host,
                 "--port", str(port),
-                "--router-url", spec.router_url,
+                "--router-url", ",".join(spec.router_urls),
                 "--dtype", spec.dtype,
                 "--device", spec.device,
                 "--slo-ttft", str(spec.slo_ttft_s),
@@ -130,13 +138,15 @@ def instances(spec: LaunchSpec) -> list[InstanceSpec]:
     return out
 
 
-def router_args(spec: LaunchSpec) -> list[str]:
+def router_args(spec: LaunchSpec, replica: int = 0) -> list[str]:
+    """Replica ``replica``'s command line; each replica records its own trace."""
+    trace = "trace" if spec.router_replicas == 1 else f"trace-{replica}"
     return [
         "router",
         "--model", spec.model_name,
         "--host", spec.host,
-        "--port", str(spec.router_port),
-        "--trace-dir", str(spec.run_dir / "trace"),
+        "--port", str(spec.replica_ports[replica]),
+        "--trace-dir", str(spec.run_dir / trace),
         "--slo-ttft", str(spec.slo_ttft_s),
         "--slo-tpot", str(spec.slo_tpot_s),
         "--slo-attainment", str(spec.slo_attainment),
@@ -202,6 +212,7 @@ class LocalSystem:
         self.planned: list[InstanceSpec] = []
         self.stopping = False
         self._lock = threading.Lock()  # supervisor thread vs stop()
+        self.balancer: TcpBalancer | None = None  # in front of several router replicas
 
     def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.spec.run_dir / "logs" / f"{name}.log"
@@ -212,15 +223,26 @@ class LocalSystem:
     def start(self) -> list[InstanceSpec]:
         self.spec.run_dir.mkdir(parents=True, exist_ok=True)
         (self.spec.run_dir / "plan.json").write_text(self.spec.plan.model_dump_json(indent=2))
-        self._start("router", router_args(self.spec))
+        self._start_routers()
         self.planned = instances(self.spec)
         for instance in self.planned:
             self._start(instance.name, instance.args, {**self.spec.instance_env, **instance.env})
         self.write_state()
         return self.planned
 
+    def _start_routers(self) -> None:
+        spec = self.spec
+        if spec.router_replicas == 1:
+            self._start("router", router_args(spec))
+            return
+        for replica in range(spec.router_replicas):
+            self._start(f"router-{replica}", router_args(spec, replica))
+        backends = [(spec.host, port) for port in spec.replica_ports]
+        self.balancer = TcpBalancer(spec.host, spec.router_port, backends)
+        self.balancer.start_in_thread()
+
     def wait_ready(self, timeout_s: float, on_progress=None) -> None:
-        """Until every planned instance has registered with the router."""
+        """Until every planned instance has registered with every router replica."""
         want = self.spec.plan.num_instances
         deadline = time.monotonic() + timeout_s
         seen = -1
@@ -242,9 +264,13 @@ class LocalSystem:
         raise TimeoutError(f"only {seen}/{want} instances ready after {timeout_s:.0f}s")
 
     def registered(self) -> int:
+        """Instances the replica that knows the fewest knows."""
+        return min(self._registered_at(url) for url in self.spec.router_urls)
+
+    def _registered_at(self, router_url: str) -> int:
         try:
             pools = httpx.get(
-                f"{self.spec.router_url}/internal/pools", headers=self.spec.headers(), timeout=2
+                f"{router_url}/internal/pools", headers=self.spec.headers(), timeout=2
             )
             return sum(len(p["instances"]) for p in pools.json()["pools"].values())
         except (httpx.HTTPError, ValueError, KeyError):
@@ -305,13 +331,13 @@ class LocalSystem:
             # the group, even when its leader is gone: nothing it started outlives the run
             _signal_group(process.popen.pid, signal.SIGKILL)
             process.popen.wait()
-        state = self.spec.run_dir / "state.json"
-        state.unlink(missing_ok=True)
+        if self.balancer is not None:
+            self.balancer.stop_thread()
+        remove_state(self.spec.run_dir)
 
     def write_state(self, **extra: object) -> None:
         """``runs/<name>/state.json``: what `down` and `status` need, the token included
         (so the file is private to its user)."""
-        path = self.spec.run_dir / "state.json"
         old = read_state(self.spec.run_dir) or {}
         state = {
             "name": self.spec.name,
@@ -325,23 +351,9 @@ class LocalSystem:
             "ready": old.get("ready", False),
             **extra,
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(state, out, indent=2)
-        tmp.replace(path)
+        write_state(self.spec.run_dir, state)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "state.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from epd_engine.local.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("EPD_CLUSTER_BIN", ROOT / ".build" / "bin"))
@@ -175,7 +176,7 @@ class LoopbackRouter:
     """
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -211,12 +212,6 @@ class LoopbackRouter:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from benchmarks.switch_drill import Traffic
-from epd_operator.local.run import MANIFEST, manifest_generation, read_state, write_manifest
+from epd_engine.local.state_file import read_state
+from epd_operator.local.run import MANIFEST, manifest_generation, write_manifest
 from tests.processes import EPDCTL, free_port
 
 

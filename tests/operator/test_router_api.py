@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import TraceRecord, write_trace
+from epd_engine.local.ports import free_port
 from epd_engine.router.settings import RouterSettings
 from epd_operator.kube import manifests as r
 from epd_operator.rollout.router_api import RouterAPI, parse_in_flight
@@ -46,12 +46,6 @@ def test_parse_in_flight_shapes() -> None:
     assert parse_in_flight({"c": {"instances": [{"inflight": 1}, {"inflight": 3}]}}) == {"c": 4}
     with pytest.raises(ValueError):
         parse_in_flight({"pools": {"a": 3}})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -96,7 +90,7 @@ def start_routers(
     main = "import sys; from epd_engine.cli import main; sys.exit(main(sys.argv[1:]))"
     procs, urls = [], []
     try:
-        for port in ports or [_free_port() for _ in range(count)]:
+        for port in ports or [free_port() for _ in range(count)]:
             cmd = [sys.executable, "-c", main, "router", "--config", str(config), "--host",
                    "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
             procs.append(
@@ -158,7 +152,7 @@ def test_drain_client_against_the_real_router(router_url: str) -> None:
 
 
 def test_unreachable_router_reads_as_unknown() -> None:
-    api = RouterAPI(f"http://127.0.0.1:{_free_port()}", TOKEN, timeout_s=0.5)
+    api = RouterAPI(f"http://127.0.0.1:{free_port()}", TOKEN, timeout_s=0.5)
     assert api.in_flight() is None
     assert api.set_routing(["a"]) is False
     assert api.trace(0) is None

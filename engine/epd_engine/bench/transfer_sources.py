@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from epd_engine.bench.transfer_peer import CacheSpec
-from epd_engine.launcher import free_port
+from epd_engine.local.ports import free_port
 from epd_engine.transfer.backend import Peer
 
 TOKEN = "bench-token"

@@ -25,8 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from epd_engine.local.state_file import read_state
     from epd_operator.api.spec import EPDDeployment, ManifestError
-    from epd_operator.local.run import MANIFEST, read_state, write_manifest
+    from epd_operator.local.run import MANIFEST, write_manifest
 
     try:
         deployment = EPDDeployment.from_yaml(args.file)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from epd_engine.cli import UserError
+from epd_engine.local.state_file import read_state, remove_state, state_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,6 +113,7 @@ def run_up(args: argparse.Namespace) -> int:
         model_dir=_model_dir(args, deployment),
         plan=plan,
         router_port=args.port,
+        router_replicas=spec.router.replicas,
         run_dir=args.runs_dir / deployment.name,
         slo_ttft_s=slo.ttft_s,
         slo_tpot_s=slo.tpot_s,
@@ -275,22 +277,12 @@ def _stop_run(run_dir: Path, timeout_s: float = 20) -> None:
         if _is_ours(int(child)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(child), signal.SIGKILL)
-    (run_dir / "state.json").unlink(missing_ok=True)
-
-
-def read_state(run_dir: Path) -> dict | None:
-    from epd_engine.launcher import read_state as read
-
-    return read(run_dir)
+    remove_state(run_dir)
 
 
 def _find(args: argparse.Namespace) -> tuple[str, dict]:
     runs = Path(args.runs_dir)
-    names = (
-        [args.name]
-        if args.name
-        else [p.name for p in runs.glob("*") if (p / "state.json").exists()]
-    )
+    names = [args.name] if args.name else [p.name for p in runs.glob("*") if state_path(p).exists()]
     states = {n: read_state(runs / n) for n in names}
     states = {n: s for n, s in states.items() if s is not None}
     if not states:

@@ -20,6 +20,7 @@ import httpx
 
 from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots
+from epd_engine.local.ports import free_port
 from epd_operator.local import start_priority
 from epd_operator.rollout.pool_identity import PoolSpec
 from epd_operator.rollout.state_machine import ObservedPool
@@ -39,6 +40,12 @@ class LocalEngines:
     dtype: str = "float32"
     host: str = "127.0.0.1"
     gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
+    # each router replica's own URL (router_url: the one clients use; the same with one)
+    router_urls: tuple[str, ...] = ()
+
+    @property
+    def replica_urls(self) -> tuple[str, ...]:
+        return self.router_urls or (self.router_url,)
 
 
 # what an engine searched at start-up -> the flag that gives it to the next one
@@ -81,14 +88,6 @@ class _Pool:
     role: Role
     gpus_per_instance: int
     replicas: list[_Replica] = field(default_factory=list)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LocalPools:
@@ -206,7 +205,7 @@ class LocalPools:
             "--instance-id", instance_id,
             "--host", e.host,
             "--port", str(port),
-            "--router-url", e.router_url,
+            "--router-url", ",".join(e.replica_urls),
             "--dtype", e.dtype,
             "--device", e.device,
             "--log-level", "warning",
@@ -218,7 +217,7 @@ class LocalPools:
 
     def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
         e = self.engines
-        port = _free_port()
+        port = free_port()
         args = self.engine_args(pool, instance_id, port)
         env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
         if e.gpu_slots is not None:
@@ -259,9 +258,14 @@ class LocalPools:
                 popen.wait()
 
     def _registered(self) -> set[str]:
+        """Instances every router replica lists (any of them may route to it)."""
+        listed = [self._registered_at(url) for url in self.engines.replica_urls]
+        return set.intersection(*listed)
+
+    def _registered_at(self, router_url: str) -> set[str]:
         try:
             resp = httpx.get(
-                f"{self.engines.router_url}/internal/pools",
+                f"{router_url}/internal/pools",
                 headers={"X-EPD-Token": self.engines.token},
                 timeout=2,
             )

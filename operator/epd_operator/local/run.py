@@ -9,45 +9,25 @@ manifest generation it was made on.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 from epd_engine.contracts.gpu_placement import GpuSlots, local_gpu_slots
+from epd_engine.local.state_file import remove_state, write_private, write_state
 from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
 from epd_operator.local.pools import LocalEngines
 from epd_operator.local.reconciler import LocalReconciler, LocalStatus, engine_args
+from epd_operator.local.routers import LocalRouters
 from epd_operator.planning.cost_file import checkpoint_mismatch, cost_source
 
 MANIFEST = "manifest.yaml"
 _GENERATION = "# epdctl-generation: "
-
-
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / "state.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    tmp.replace(path)
 
 
 def manifest_generation(path: Path) -> int:
@@ -61,7 +41,7 @@ def manifest_generation(path: Path) -> int:
 def write_manifest(path: Path, text: str) -> int:
     """Store a manifest for the running loop, one generation past the stored one."""
     generation = manifest_generation(path) + 1
-    _write_private(path, f"{_GENERATION}{generation}\n{text}")
+    write_private(path, f"{_GENERATION}{generation}\n{text}")
     return generation
 
 
@@ -88,7 +68,6 @@ class LocalRun:
     def __init__(self, opts: Options, manifest_text: str) -> None:
         self.opts = opts
         self.token = os.environ.get("EPD_INTERNAL_TOKEN") or secrets.token_urlsafe(32)
-        self.router_url = f"http://127.0.0.1:{opts.port}"
         self.manifest = opts.run_dir / MANIFEST
         self.manifest.unlink(missing_ok=True)
         self.generation = write_manifest(self.manifest, manifest_text)
@@ -97,11 +76,16 @@ class LocalRun:
             raise ValueError(self.spec)
         self.spec_error = ""
         self.mtime = self.manifest.stat().st_mtime_ns
-        self.router: subprocess.Popen[bytes] | None = None
+        # router.replicas is read here, once: a balancer in front when there are several
+        self.routers = LocalRouters(
+            opts.port, self.spec.router.replicas, opts.run_dir, opts.model_name
+        )
+        self.router_url = self.routers.url
         engines = LocalEngines(
             opts.model_dir, opts.model_name, self.router_url, opts.run_dir, self.token,
             engine_args(self.spec), opts.device, opts.dtype,
             gpu_slots=_gpu_slots(opts.device, self.spec),
+            router_urls=tuple(self.routers.urls),
         )  # fmt: skip
         costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
         self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
@@ -139,40 +123,10 @@ class LocalRun:
                 "only; pass `epdctl up --cost-model FILE` to plan with a measured model",
             )
 
-    def _start_router(self) -> None:
+    def _start_routers(self) -> None:
         spec = self.spec
         assert not isinstance(spec, str)
-        slo = spec.slo.to_slo()
-        log = self.opts.run_dir / "logs" / "router.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        args = [
-            sys.executable, "-m", "epd_engine", "router",
-            "--model", self.opts.model_name,
-            "--host", "127.0.0.1", "--port", str(self.opts.port),
-            "--trace-dir", str(self.opts.run_dir / "trace"),
-            "--slo-ttft", str(slo.ttft_s), "--slo-tpot", str(slo.tpot_s),
-            "--slo-attainment", str(slo.attainment),
-            "--log-level", "warning",
-        ]  # fmt: skip
-        with log.open("ab") as out:
-            self.router = subprocess.Popen(
-                args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "EPD_INTERNAL_TOKEN": self.token},
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.router.poll() is not None:
-                raise RuntimeError(f"the router exited; see {log}")
-            try:
-                if httpx.get(f"{self.router_url}/health/live", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the router did not answer in 60 s; see {log}")
+        self.routers.start(spec.slo.to_slo(), self.token)
 
     def _reload(self) -> None:
         try:
@@ -192,7 +146,7 @@ class LocalRun:
         _log("Normal", "Applied", f"manifest generation {generation}")
 
     def write_state(self) -> None:
-        pids = ([self.router.pid] if self.router else []) + self.reconciler.pids()
+        pids = self.routers.pids() + self.reconciler.pids()
         state = {
             "name": self.opts.name,
             "pid": os.getpid(),
@@ -205,7 +159,7 @@ class LocalRun:
             "spec_error": self.spec_error,
             "status": self.status.to_json() if self.status else None,
         }
-        _write_private(self.opts.run_dir / "state.json", json.dumps(state, indent=2))
+        write_state(self.opts.run_dir, state)
 
     def pass_once(self) -> LocalStatus:
         self._reload()
@@ -213,9 +167,8 @@ class LocalRun:
         assert not isinstance(spec, str)
         for instance in self.reconciler.restart_dead():
             _log("Warning", "Restarted", f"engine {instance} exited; started again")
-        if self.router is not None and self.router.poll() is not None:
-            _log("Warning", "Restarted", "the router exited; started again")
-            self._start_router()
+        for replica in self.routers.restart_dead(spec.slo.to_slo(), self.token):
+            _log("Warning", "Restarted", f"router replica {replica} exited; started again")
         self.status = self.reconciler.reconcile(spec, datetime.now(UTC))
         if self.status.complete:
             self.ready = True
@@ -230,7 +183,7 @@ class LocalRun:
         started = time.monotonic()
         try:
             self._announce_cost_model()
-            self._start_router()
+            self._start_routers()
             self.write_state()
             announced = False
             while not self.stopping:
@@ -255,14 +208,8 @@ class LocalRun:
 
     def stop(self) -> None:
         self.reconciler.stop()
-        if self.router is not None and self.router.poll() is None:
-            os.killpg(self.router.pid, signal.SIGINT)
-            try:
-                self.router.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.router.pid, signal.SIGKILL)
-                self.router.wait()
-        (self.opts.run_dir / "state.json").unlink(missing_ok=True)
+        self.routers.stop()
+        remove_state(self.opts.run_dir)
 
 
 def _gpu_slots(device: str, spec: EPDDeploymentSpec) -> GpuSlots | None:

@@ -20,7 +20,8 @@ from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.cli import main
 from epd_engine.config import Method, internal_token
 from epd_engine.contracts.trace import ImageRef, TraceRecord, parse_trace, write_trace
-from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
+from epd_engine.launcher import LaunchSpec, LocalSystem
+from epd_engine.local.ports import free_port
 from epd_engine.slo.outcomes import summarize
 from tests.engine.bench.peer_aiperf import (
     AIPERF_VERSION,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from epd_engine.config import Method
 from epd_engine.contracts.plan import Budgets, Plan
-from epd_engine.launcher import LaunchSpec, LocalSystem, free_port
+from epd_engine.launcher import LaunchSpec, LocalSystem
+from epd_engine.local.ports import free_port
 
 # one KV layer per group: the tiny model has 2 layers, so every KV pull is multi-group
 ENGINE_ARGS = [
