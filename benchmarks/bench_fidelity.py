@@ -35,6 +35,7 @@ from epd_engine.bench.report import (
     results_from_report,
     write_report,
 )
+from epd_engine.bench.results_file import write_results
 from epd_engine.bench.sweep_merge import merge_sweeps
 from epd_engine.config import SLO
 from epd_engine.contracts.plan import Budgets, Plan
@@ -160,7 +161,7 @@ def run_interleaved(methods: list[str], args: argparse.Namespace) -> None:
     for method, paths in parts.items():
         slug = method.replace("+", "-").lower()
         merged = merge_sweeps([load_report(p) for p in paths])
-        (args.results / f"real-{slug}.json").write_text(json.dumps(merged, indent=1) + "\n")
+        write_report(merged, args.results / f"real-{slug}.json")
 
 
 def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Path) -> dict:
@@ -344,8 +345,7 @@ def main() -> None:
     report["goodput_pairs_agreeing"] = f"{concordant}/{len(pairs)}"
     report["goodput_ranking_agrees"] = concordant == len(pairs)
     report["host_cores"] = args.host_cores
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_results(args.out, report)
     print(json.dumps({k: v for k, v in report.items() if k != "methods"}, indent=2))
     print(f"results: {args.out}")
 

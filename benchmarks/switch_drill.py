@@ -31,6 +31,7 @@ import numpy as np
 import openai
 from PIL import Image
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Plan
 from epd_operator.api.spec import EPDDeploymentSpec
@@ -438,10 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     out["machine"] = f"{os.cpu_count()} CPUs, CPU engines (float32), tiny-llava"
     out["load_avg_before"] = [round(x, 2) for x in load_before]
     out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-    out["answers"] = [asdict(a) for a in result.answers]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
-    print(json.dumps({k: v for k, v in out.items() if k != "answers"}, indent=2))
+    # every answer (its text, times, error) in the raw file beside the summary
+    write_results(args.out, out, {"answers": [asdict(a) for a in result.answers]})
+    print(json.dumps(out, indent=2))
     return 0 if out["failed"] == 0 and out["mismatched_outputs"] == 0 else 1
 
 

@@ -10,6 +10,10 @@ Shape (version 1)::
      "concurrency_points": [{concurrency, summary}],            (concurrency mode)
      "workload": {how prompt and output lengths were built},
      "server_metrics": {"before", "after", "delta"}}             (the server's /metrics)
+
+``write_report`` keeps the per-request keys (``requests``, ``requests_by_rate``,
+``server_metrics``) out of the JSON, in its raw file (``results_file.py``: beside it, in
+``raw/``; a sweep's ``requests``, one of its rates', stored once); ``load_report`` puts them back.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from epd_engine.bench.results_file import RAW_MISSING_KEY, read_results, write_results
 from epd_engine.config import SLO
 from epd_engine.slo.goodput import GoodputResult, RatePoint
 from epd_engine.slo.outcomes import BenchSummary, RequestResult
 
 REPORT_KIND = "epd-bench"
 REPORT_VERSION = 1
+RAW_KEYS = ("requests", "requests_by_rate", "server_metrics")
+REQUESTS_RATE_KEY = "requests_rate"  # in a raw file: `requests` are this rate's
 
 
 def _point(point: RatePoint) -> dict[str, Any]:
@@ -70,11 +77,24 @@ def build_report(
     }
 
 
+def split_report(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, raw): the per-request keys apart; a sweep's ``requests`` stored once."""
+    summary = {k: v for k, v in report.items() if k not in RAW_KEYS}
+    raw = {k: report[k] for k in RAW_KEYS if report.get(k)}
+    rate = next(
+        (rate for rate, items in (raw.get("requests_by_rate") or {}).items()
+         if raw.get("requests") and items == raw["requests"]),
+        None,
+    )  # fmt: skip
+    if rate is not None:
+        del raw["requests"]
+        raw[REQUESTS_RATE_KEY] = rate
+    return summary, raw
+
+
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return path
+    """The summary to ``path``, the per-request keys to its raw file."""
+    return write_results(path, *split_report(report))
 
 
 def export_requests(
@@ -93,17 +113,34 @@ def export_requests(
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
-    """Read a report; ValueError with the file name when it is not one."""
+    """Read a report (its raw file's keys put back, where it has one); ValueError with the file
+    name when it is not one."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        data = read_results(path)
+    except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable JSON report ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != REPORT_KIND:
         raise ValueError(f"{path}: not an epd-bench report (missing kind={REPORT_KIND!r})")
     if data.get("version") != REPORT_VERSION:
         raise ValueError(f"{path}: report version {data.get('version')} unsupported")
+    rate = data.pop(REQUESTS_RATE_KEY, None)
+    if rate is not None:
+        data["requests"] = data["requests_by_rate"][rate]
     return data
+
+
+def has_requests(report: dict[str, Any]) -> bool:
+    """False for a summary whose raw file is not here (its per-request results with it)."""
+    return RAW_MISSING_KEY not in report
+
+
+def _require_requests(report: dict[str, Any]) -> None:
+    if not has_requests(report):
+        raise ValueError(
+            f"report {report.get('label')!r}: its per-request results are in "
+            f"{report[RAW_MISSING_KEY]}, which is not here (benchmarks/README.md: raw files)"
+        )
 
 
 def attainment_curve(report: dict[str, Any]) -> list[tuple[float, float]]:
@@ -113,11 +150,13 @@ def attainment_curve(report: dict[str, Any]) -> list[tuple[float, float]]:
 
 def results_from_report(report: dict[str, Any]) -> list[RequestResult]:
     """Per-request results back as ``RequestResult`` (for CDF plots across reports)."""
+    _require_requests(report)
     return _results(report.get("requests", []))
 
 
 def results_by_rate(report: dict[str, Any]) -> dict[float, list[RequestResult]]:
     """Every measured rate's results of a sweep / goodput report ({} for older reports)."""
+    _require_requests(report)
     by_rate = report.get("requests_by_rate") or {}
     return {float(rate): _results(items) for rate, items in sorted(by_rate.items())}
 

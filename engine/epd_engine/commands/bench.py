@@ -151,7 +151,7 @@ def _stage_means(report: dict[str, Any]) -> dict[str, float]:
 
 def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]], slo: Any) -> None:
     from epd_engine.bench import plots
-    from epd_engine.bench.report import attainment_curve, results_from_report
+    from epd_engine.bench.report import attainment_curve, has_requests, results_from_report
 
     reports = [*compare, report] if report else compare
     curves = {r["label"] or f"run {i}": attainment_curve(r) for i, r in enumerate(reports)}
@@ -164,7 +164,14 @@ def _plots(out_dir: Path, report: dict[str, Any], compare: list[dict[str, Any]],
                 curves, out_dir / "attainment_vs_rate.png", target=slo.attainment, goodputs=goodputs
             )
         )
-    runs = {r["label"] or f"run {i}": results_from_report(r) for i, r in enumerate(reports)}
+    for r in reports:
+        if not has_requests(r):
+            print(f"no latency CDF for {r['label']!r}: its raw file is not here")
+    runs = {
+        r["label"] or f"run {i}": results_from_report(r)
+        for i, r in enumerate(reports)
+        if has_requests(r)
+    }
     runs = {k: v for k, v in runs.items() if v}
     if runs:
         written.append(plots.plot_latency_cdfs(runs, out_dir / "latency_cdf.png", slo))
