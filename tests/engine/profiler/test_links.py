@@ -68,7 +68,7 @@ def test_links_round_trip_through_json(tmp_path: Path) -> None:
 
 
 def test_the_committed_cost_model_from_before_links_loads_and_keeps_its_link() -> None:
-    old = load_cost_model(REPO / "benchmarks/results/cost-model-cpu.json")
+    old = load_cost_model(REPO / "tests/data/cost-model-cpu-before-links.json")
     assert old.links == {} and old.transfer_backend == ""
     assert old.migration.kv_transfers == 1
     assert old.for_backend("auto") == old  # nothing measured per backend: the stored link
