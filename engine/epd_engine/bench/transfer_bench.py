@@ -83,7 +83,7 @@ def case_report(nbytes: int, pulls: Sequence[float], limits: Sequence[float]) ->
 
 async def _pull_all(backend: Any, peer: Peer, transfers: Sequence[PageTransfer]) -> float:
     started = time.perf_counter()
-    for transfer in transfers:  # one after another, as MigrationManager pulls a request
+    for transfer in transfers:  # one after another, as a migration target pulls a request
         await backend.pull(peer, transfer)
     return time.perf_counter() - started
 

@@ -2,7 +2,7 @@
 model's real cache geometry, and the transfers the engine would issue for them.
 
 The caches hold exactly the request's pages (``CacheSpec``); the transfers come from
-``transfer.plan.transfers_for``, as ``MigrationManager`` builds them: the image in one
+``transfer.plan.transfers_for``, as a migration target builds them: the image in one
 transfer, the KV in layer groups of ``layers_per_group`` layers.
 """
 

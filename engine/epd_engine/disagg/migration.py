@@ -36,7 +36,6 @@ class Migration:
         early_kv: bool = True,
         metrics: Metrics | None = None,
     ) -> None:
-        self.link = link  # the app's; kept here until the app state holds it
         self.backend = backend
         self.background = Background()
         self.peers = Peers(link, backend, http, token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -44,7 +45,8 @@ class SubmitRequest(BaseModel):
 @router.post("/requests")
 async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     state = _state(request)
-    if state.migration is None:
+    link = state.link
+    if link is None:
         raise ClientError("this instance has no router link")
     engine = state.engine
     prompt, params = await prepare(
@@ -56,7 +58,6 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         state.preprocess,
     )
     routing = payload.routing.model_copy(update={"whole_answer": not payload.body.stream})
-    link = state.migration.link
     detokenizer = Detokenizer.resume(
         engine.decode,
         params.stop,
@@ -67,7 +68,7 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     )
     stream = RequestOutputStream(
         sink=lambda output: link.send(output, routing),
-        loop=state.migration.source.loop,
+        loop=asyncio.get_running_loop(),
         detokenizer=detokenizer,
         num_prompt_tokens=len(prompt.token_ids),
         num_output_tokens=len(payload.resume_output_token_ids),

@@ -8,10 +8,12 @@ import httpx
 
 from epd_engine.config import EngineConfig
 from epd_engine.disagg.migration import Migration
+from epd_engine.disagg.router_link import RouterLink
 from epd_engine.engine.async_engine import AsyncEngine
 from epd_engine.inputs.preprocess_pool import PreprocessPool
 from epd_engine.inputs.processor import InputProcessor
 from epd_engine.metrics import Metrics
+from epd_engine.server.gpu_metrics import GpuMetrics
 
 
 @dataclass
@@ -21,7 +23,9 @@ class InstanceState:
     processor: InputProcessor
     metrics: Metrics
     http: httpx.AsyncClient
-    migration: Migration | None = None  # set when a router owns this instance
+    link: RouterLink | None = None  # set when a router owns this instance
+    migration: Migration | None = None  # set with the link
     preprocess: PreprocessPool | None = None  # worker processes for images and the processor
     ready: bool = False
     frozen_objects: int = 0  # start-up objects full collections skip (gc_heap)
+    gpu: GpuMetrics | None = None  # CUDA instances: the epd_gpu_* gauges, read at scrape time
