@@ -32,6 +32,7 @@ from typing import Any
 
 from mixed_trace import MIXED, MIXED_RATE_RPS, MIXED_SLO, mixed_trace
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.config import SLO, Role
 from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.trace import TraceRecord
@@ -238,9 +239,7 @@ def main() -> None:
             "workers": args.workers,
             **run_mixed(args),
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        print(f"results: {args.out}")
+        print(f"results: {write_results(args.out, report)}")
         return
     results = [run_scenario(s.strip(), args) for s in args.scenarios.split(",") if s.strip()]
     report = {
@@ -251,9 +250,7 @@ def main() -> None:
         "cost_model": "reference" if not args.cost_model else args.cost_model,
         "scenarios": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"results: {args.out}")
+    print(f"results: {write_results(args.out, report)}")
 
 
 if __name__ == "__main__":

@@ -139,8 +139,10 @@ def main() -> None:
         "ratios_before_over_after": summary,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    # this tree's helper: the parent process is always the current tree
+    from epd_engine.bench.results_file import write_results
+
+    write_results(args.out, report)
     print(json.dumps(summary, indent=2))
     print(f"results: {args.out}")
 

@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.local.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -385,10 +386,9 @@ def main() -> int:
         "method": __doc__,
         **result,
     }  # fmt: skip
-    text = json.dumps(report, indent=2) + "\n"
     print(summary_table(report["summary"]))
     if args.out:
-        args.out.write_text(text)
+        write_results(args.out, report, command=report["command"])
     return 0
 
 

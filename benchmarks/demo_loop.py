@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from benchmarks.switch_drill import MAX_TOKENS, _data_url, ask
+from epd_engine.bench.results_file import write_results
 from epd_engine.local.state_file import read_state
 
 NAME = "demo-loop"
@@ -377,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     phases = [("text-heavy", 0.9, args.phase_seconds), ("image-heavy", 0.1, args.phase_seconds)]
     result = run_demo(args.model, args.work, phases, args.clients, args.port, args.cost_model)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     plot(result, args.png)
     shown = ("cost_model", "requests", "failed", "switches")
     print(json.dumps({k: result[k] for k in shown}, indent=2))

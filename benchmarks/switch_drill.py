@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     import subprocess
     import sys
 
-    from epd_operator.local.pools import _free_port
+    from epd_engine.local.ports import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="tiny-llava checkpoint dir")
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()
     token = secrets.token_hex(16)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     args.run_dir.mkdir(parents=True, exist_ok=True)
     log = (args.run_dir / "router.log").open("wb")

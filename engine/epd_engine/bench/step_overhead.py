@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.engine.detokenizer import Detokenizer
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.attention_torch import TorchPagedAttention
@@ -166,11 +167,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = run(args.model, args.batch, args.pages, args.layers, args.vocab, args.output_tokens)
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import Role
 from epd_engine.engine.detokenizer import Detokenizer
@@ -259,11 +260,9 @@ def main() -> None:
     dtype = torch.float32 if args.device == "cpu" else torch.float16
     setup = Setup(args.layers, args.batch, args.context, args.steps, args.device, dtype)
     result = measure(args.model, setup)
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_results(args.out, result)
 
 
 if __name__ == "__main__":

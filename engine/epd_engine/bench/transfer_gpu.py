@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 import torch
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.bench.transfer_peer import CacheSpec, fill
 from epd_engine.bench.transfer_shapes import (
     DEFAULT_TOKENS,
@@ -253,9 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = run(backends, args.repeats, args.warmup, run_dir, args.device, args.num_tokens)
     print(format_table(report))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"results: {args.out}")
+        print(f"results: {write_results(args.out, report)}")
     ran = [r for r in report["backends"].values() if "kv" in r]
     failed = any("error" in r for r in report["backends"].values())
     return 0 if all(r["verified"] for r in ran) and not failed else 1

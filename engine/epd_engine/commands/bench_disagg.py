@@ -4,11 +4,8 @@ router hop, on a whole local system (router + pools as processes). JSON + a shor
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epd_engine.bench.results_file import cpu_model, git_commit, write_results
 from epd_engine.cli import UserError
 
 if TYPE_CHECKING:
@@ -84,28 +82,18 @@ def environment_info(command: Sequence[str]) -> dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None  # fmt: skip
     return {
         "command": " ".join(command),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "hostname": platform.node(),
         "platform": platform.platform(),
-        "cpu_model": cpu_model,
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_start": os.getloadavg(),
         "python": platform.python_version(),
         "versions": {name: version(name) for name in PACKAGES},
-        "git_commit": commit,
+        "git_commit": git_commit()[0],
     }
 
 
@@ -133,8 +121,7 @@ def _bench_disagg(args: argparse.Namespace) -> int:
     environment["wall_s"] = round(time.monotonic() - started, 1)
     print(format_table(report))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_results(args.out, report.to_dict(), command=environment["command"])
         print(f"results: {args.out}")
     return 1 if report.failures else 0
 

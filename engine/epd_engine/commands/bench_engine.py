@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from epd_engine.bench.engine_bench import EngineBenchConfig, run_engine_bench
+    from epd_engine.bench.results_file import write_results
     from epd_engine.model.model_config import ModelFormatError
 
     try:
@@ -54,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
         result = run_engine_bench(config, _command(args, config.repeats), progress=_progress)
     except (ModelFormatError, ValueError) as exc:
         raise UserError(str(exc)) from exc
-    text = json.dumps(result, indent=2) + "\n"
-    print(text, end="")
+    print(json.dumps(result, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        write_results(args.out, result, command=result["command"])
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

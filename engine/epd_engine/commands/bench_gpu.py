@@ -41,16 +41,15 @@ def _bench_gpu(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise UserError("bench-gpu needs an NVIDIA GPU (torch.cuda.is_available() is False)")
     from epd_engine.bench.gpu_bench import GpuBenchConfig, run_gpu_bench
+    from epd_engine.bench.results_file import write_results
 
     cfg = GpuBenchConfig(dtype=args.dtype, runs=args.runs, attention=args.attention)
     result = run_gpu_bench(cfg, progress=lambda msg: print(f"bench-gpu: {msg}", flush=True))
-    text = json.dumps(result, indent=2)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_results(args.out, result)
     print(format_table(result))
     if not args.out:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -4,7 +4,6 @@ divided by the physical limit of the same bytes in the same run. JSON + a short 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from epd_engine.bench.results_file import write_results
 from epd_engine.cli import UserError
 from epd_engine.commands.bench_disagg import environment_info
 
@@ -113,8 +113,7 @@ def _bench_transfer(args: argparse.Namespace) -> int:
     }
     print(format_table(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_results(args.out, report, command=environment["command"])
         print(f"results: {args.out}")
     return 0 if all(b["verified"] for s in results for b in s["backends"].values()) else 1
 

@@ -64,3 +64,6 @@ def test_records_machine_software_and_threads(result: dict[str, Any]) -> None:
     assert result["threads"]["torch_threads"] == 1 and result["threads"]["fair"]
     assert result["model"]["preset"] == "tiny-llava"
     assert "bench-engine" in result["command"] and "--quick" in result["command"]
+    # the shared metadata block every benchmark's JSON carries (bench/results_file.py)
+    assert "bench-engine --model" in result["metadata"]["command"]
+    assert result["metadata"]["machine"]["cpu_count"] == machine["cpu_count"]
