@@ -120,3 +120,53 @@ def test_valid_quantities_are_accepted(quantity: str) -> None:
         make_spec_dict(engine={"resources": {"limits": {"memory": quantity}}})
     )
     assert spec.engine.resources.limits["memory"] == quantity
+
+
+# --- pod settings (engine.roles, env, volumes, ...) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("engine", "field", "words"),
+    [
+        ({"env": [{"name": "EPD_INTERNAL_TOKEN", "value": "x"}]}, "engine.env.0",
+         "set by the operator"),
+        ({"env": [{"name": "A", "value": "x", "valueFrom": {}}]}, "engine.env.0", "not both"),
+        ({"env": [{"name": "A"}, {"name": "A"}]}, "engine", "names must be unique"),
+        ({"envFrom": [{"prefix": "X"}]}, "engine.envFrom.0", "exactly one of configMapRef"),
+        ({"volumes": [{"name": "shm", "emptyDir": {}}]}, "engine.volumes.0", "operator's"),
+        ({"volumeMounts": [{"name": "x", "mountPath": "/data"}]}, "engine", "must name one of"),
+        ({"volumes": [{"name": "x", "emptyDir": {}}],
+          "volumeMounts": [{"name": "x", "mountPath": "/models/extra"}]},
+         "engine.volumeMounts.0", "operator's mounts"),
+        ({"shmSize": "16GB"}, "engine.shmSize", "should match pattern"),
+        ({"runtimeClassName": "Nvidia_GPU"}, "engine.runtimeClassName", "should match pattern"),
+        ({"podLabels": {"epd.serving.dev/pool": "x"}}, "engine", "podLabels may not set"),
+        ({"terminationGracePeriodSeconds": 5}, "engine.terminationGracePeriodSeconds",
+         "greater than or equal to 15"),
+        ({"roles": {"E": {"gpusPerInstance": 2}}}, "engine.roles.E.gpusPerInstance",
+         "less than or equal to 1"),
+        ({"roles": {"X": {}}}, "engine.roles.X", "Extra inputs are not permitted"),
+    ],
+)  # fmt: skip
+def test_invalid_pod_settings_name_the_field(engine: dict, field: str, words: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        EPDDeploymentSpec.model_validate(make_spec_dict(engine=engine))
+    first = err.value.errors()[0]
+    where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+    assert where == field, err.value
+    assert words in first["msg"], first["msg"]
+
+
+def test_auto_mode_may_not_give_a_role_more_gpus_than_the_planner() -> None:
+    spec = make_spec_dict(
+        disaggregation={"mode": "Auto"},
+        engine={"gpusPerInstance": 0, "roles": {"P": {"gpusPerInstance": 1}}},
+    )
+    with pytest.raises(ValidationError, match="a role's gpusPerInstance may be lower, not higher"):
+        EPDDeploymentSpec.model_validate(spec)
+
+
+def test_huggingface_cache_needs_a_volume() -> None:
+    model = {"name": "m", "source": {"preset": "tiny-llava", "huggingFaceCache": {"repo": "a/b"}}}
+    with pytest.raises(ValidationError, match="huggingFaceCache names a repository"):
+        EPDDeploymentSpec.model_validate(make_spec_dict(model=model))

@@ -14,18 +14,35 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from epd_engine.config import SLO, Method, Role
 from epd_engine.contracts.plan import Plan, Prediction
 from epd_engine.transfer import TransferBackendName
+from epd_operator.api.model_base import SpecModel, cel
+from epd_operator.api.pod_fields import (
+    MAX_LIST_ITEMS,
+    MAX_RESOURCE_NAMES,
+    QUANTITY_PATTERN,
+    Quantity,
+    Resources,
+    Toleration,
+)
+from epd_operator.api.pod_settings import MAX_GPUS_PER_INSTANCE, PodSettings, RolePod, role_pod
+
+__all__ = [  # pod vocabulary re-exported: callers import the spec's types from here
+    "MAX_LIST_ITEMS",
+    "MAX_RESOURCE_NAMES",
+    "QUANTITY_PATTERN",
+    "Quantity",
+    "Resources",
+    "Toleration",
+]
 
 GROUP = "epd.serving.dev"
 VERSION = "v1alpha1"
@@ -37,6 +54,30 @@ SHORT_NAME = "epd"
 
 # CEL cannot sum a map, so pools is an object with one optional field per role.
 _ROLE_SUM = " + ".join(f"(has(self.pools.{r.value}) ? self.pools.{r.value} : 0)" for r in Role)
+
+
+def _role_gpus_cel(role: str) -> str:
+    """CEL: GPUs of one instance of ``role`` (engine.roles.<role>.gpusPerInstance, else the
+    engine's)."""
+    own = f"self.engine.roles.{role}"
+    return (
+        f"(has(self.engine.roles) && has({own}) && has({own}.gpusPerInstance) ? "
+        f"{own}.gpusPerInstance : self.engine.gpusPerInstance)"
+    )
+
+
+_FIXED_GPUS = (
+    "("
+    + " + ".join(
+        f"(has(self.disaggregation.pools.{r.value}) ? self.disaggregation.pools.{r.value} : 0)"
+        f" * {_role_gpus_cel(r.value)}"
+        for r in Role
+    )
+    + ")"
+)
+_AUTO_ROLE_GPUS = " && ".join(
+    f"{_role_gpus_cel(r.value)} <= self.engine.gpusPerInstance" for r in Role
+)
 _POOLS_MATCH_METHOD = " || ".join(
     f"(self.method == '{m.value}' && "
     + " && ".join(("" if r in m.roles else "!") + f"has(self.pools.{r.value})" for r in Role)
@@ -45,17 +86,8 @@ _POOLS_MATCH_METHOD = " || ".join(
 )
 
 
-def _cel(rule: str, message: str, field_path: str = "", reason: str = "FieldValueInvalid") -> dict:
-    entry = {"rule": rule, "message": message, "reason": reason}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
-    )
+_cel = cel
+_Model = SpecModel
 
 
 class ManifestError(ValueError):
@@ -66,16 +98,47 @@ class ManifestError(ValueError):
 
 
 class PVCSource(_Model):
-    """Weights on a PersistentVolumeClaim (HF hub layout under ``path``)."""
+    """Weights on a PersistentVolumeClaim (HF hub layout under ``path``), mounted read-only (a
+    ReadOnlyMany claim serves every node's pods)."""
 
     claim_name: str = Field(min_length=1, max_length=253, description="PVC name.")
-    path: str = Field(default="", description="Sub-path of the checkpoint inside the volume.")
+    path: str = Field(
+        default="",
+        description="Sub-path of the checkpoint inside the volume; with huggingFaceCache the "
+        "cache directory (holding models--<org>--<name>) inside it.",
+    )
 
 
 class HostPathSource(_Model):
     """Weights already on every GPU node."""
 
-    path: str = Field(pattern=r"^/", description="Absolute checkpoint directory on the node.")
+    path: str = Field(
+        pattern=r"^/",
+        description="Absolute checkpoint directory on the node; with huggingFaceCache the "
+        "cache directory (holding models--<org>--<name>).",
+    )
+
+
+class HuggingFaceCache(_Model):
+    """The pvc or hostPath volume is a Hugging Face hub cache (``huggingface-cli download``,
+    ``HF_HUB_CACHE``): it is mounted whole, so the snapshot's files, symlinks into
+    ``../../blobs``, resolve, and the engine loads ``models--<org>--<name>/snapshots/<rev>``."""
+
+    repo: str = Field(
+        max_length=200,
+        pattern=r"^([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        description="Repository id, e.g. llava-hf/llava-1.5-7b-hf.",
+    )
+    revision: str = Field(
+        default="main",
+        max_length=255,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        description="A ref under refs/ (branch or tag) or a commit hash under snapshots/.",
+    )
+
+    def snapshot_path(self) -> str:
+        """The snapshot directory relative to the cache (the engine resolves a ref name)."""
+        return f"models--{self.repo.replace('/', '--')}/snapshots/{self.revision}"
 
 
 class ModelSource(_Model):
@@ -88,7 +151,13 @@ class ModelSource(_Model):
                     "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0)"
                     " + (has(self.preset) ? 1 : 0) == 1",
                     "exactly one of pvc, hostPath or preset must be set",
-                )
+                ),
+                _cel(
+                    "!has(self.huggingFaceCache) || has(self.pvc) || has(self.hostPath)",
+                    "huggingFaceCache names a repository in the pvc or hostPath volume: "
+                    "set one of them",
+                    ".huggingFaceCache",
+                ),
             ]
         }
     )
@@ -98,11 +167,18 @@ class ModelSource(_Model):
     preset: Literal["tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl"] | None = Field(
         default=None, description="Random-weight checkpoint made at start-up (for trials)."
     )
+    hugging_face_cache: HuggingFaceCache | None = Field(
+        default=None, description="The pvc or hostPath volume is a Hugging Face hub cache."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
         if sum(x is not None for x in (self.pvc, self.host_path, self.preset)) != 1:
             raise ValueError("exactly one of pvc, hostPath or preset must be set")
+        if self.hugging_face_cache is not None and self.preset is not None:
+            raise ValueError(
+                "huggingFaceCache names a repository in the pvc or hostPath volume: set one of them"
+            )
         return self
 
 
@@ -253,37 +329,15 @@ class ProfilerSpec(_Model):
 # --- engine, router, monitoring, rollout -----------------------------------------------------
 
 
-class Toleration(_Model):
-    key: str = ""
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str = ""
-    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
-
-
-# A Kubernetes resource quantity (apimachinery's resource.Quantity grammar: a decimal number
-# and an optional binary or decimal suffix or exponent), so "8Gb" is rejected at admission.
-QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
-Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
-MAX_RESOURCE_NAMES = 16
-MAX_LIST_ITEMS = 64
-
-
-class Resources(_Model):
-    """Container resources as Kubernetes quantity strings (e.g. ``cpu: "8"``, ``memory: 64Gi``)."""
-
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
-
-
 _OBJ: Any = {"default": {}}
-# The engine drives one device per instance (no tensor/pipeline parallelism yet).
-MAX_GPUS_PER_INSTANCE = 1
 # Every router replica is called one by one on each drain (in-flight read, routing switch),
 # so a pass grows with the count; 8 keeps a pass within a few timeouts.
 MAX_ROUTER_REPLICAS = 8
 
 
-class EngineSpec(_Model):
+class EngineSpec(PodSettings):
+    """The engine every pool runs, and (``PodSettings``) what its pods carry."""
+
     image: str = Field(default="epd-engine:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     gpus_per_instance: int = Field(
@@ -320,6 +374,27 @@ class EngineSpec(_Model):
         """``epdctl serve`` flags for the KV cache's size (unset: the engine sizes it)."""
         pages = [] if self.num_kv_blocks is None else ["--num-kv-blocks", str(self.num_kv_blocks)]
         return [*pages, "--gpu-memory-fraction", f"{self.gpu_memory_fraction:g}"]
+
+    def gpus_for(self, role: Role) -> int:
+        """GPUs of each instance of ``role`` (its own setting, else gpusPerInstance)."""
+        own = self.roles.get(role)
+        if own is not None and own.gpus_per_instance is not None:
+            return own.gpus_per_instance
+        return self.gpus_per_instance
+
+    def role_pod(self, role: Role, gpu_resource_name: str) -> RolePod:
+        """What ``role``'s pods run: its settings in ``roles`` over the engine's."""
+        return role_pod(
+            role,
+            self.roles,
+            self.image,
+            self.gpus_per_instance,
+            gpu_resource_name,
+            self.resources,
+            self.node_selector,
+            self.tolerations,
+            self.extra_args,
+        )
 
 
 class RouterSpec(_Model):
@@ -368,12 +443,17 @@ class EPDDeploymentSpec(_Model):
             "x-kubernetes-validations": [
                 _cel(
                     f"self.disaggregation.mode != 'Fixed' || !has(self.disaggregation.pools) || "
-                    f"({_ROLE_SUM.replace('self.pools', 'self.disaggregation.pools')})"
-                    f" * self.engine.gpusPerInstance <= self.gpuBudget",
-                    "the fixed pools need more GPUs (instances x engine.gpusPerInstance) "
-                    "than gpuBudget",
+                    f"{_FIXED_GPUS} <= self.gpuBudget",
+                    "the fixed pools need more GPUs (instances x engine.gpusPerInstance, or "
+                    "the role's engine.roles.<role>.gpusPerInstance) than gpuBudget",
                     ".gpuBudget",
-                )
+                ),
+                _cel(
+                    f"self.disaggregation.mode != 'Auto' || {_AUTO_ROLE_GPUS}",
+                    "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
+                    "gpusPerInstance may be lower, not higher",
+                    ".engine.roles",
+                ),
             ]
         }
     )
@@ -399,12 +479,21 @@ class EPDDeploymentSpec(_Model):
     @model_validator(mode="after")
     def _within_budget(self) -> EPDDeploymentSpec:
         pools = self.disaggregation.pools
+        engine = self.engine
         if self.disaggregation.mode == "Fixed" and pools is not None:
-            gpus = sum(pools.as_dict().values()) * self.engine.gpus_per_instance
+            gpus = sum(n * engine.gpus_for(role) for role, n in pools.as_dict().items())
             if gpus > self.gpu_budget:
                 raise ValueError(
-                    f"the fixed pools need {gpus} GPUs (instances x engine.gpusPerInstance) "
-                    f"but gpuBudget is {self.gpu_budget}"
+                    f"the fixed pools need {gpus} GPUs (instances x engine.gpusPerInstance, or "
+                    f"the role's engine.roles.<role>.gpusPerInstance) but gpuBudget is "
+                    f"{self.gpu_budget}"
+                )
+        if self.disaggregation.mode == "Auto":
+            over = [r.value for r in Role if engine.gpus_for(r) > engine.gpus_per_instance]
+            if over:
+                raise ValueError(
+                    "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
+                    f"gpusPerInstance may be lower, not higher ({', '.join(over)})"
                 )
         return self
 
