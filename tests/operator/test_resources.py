@@ -52,7 +52,9 @@ def test_pool_deployment_requests_gpus_and_probes_readiness(owner: Owner) -> Non
     assert args[:2] == ["serve", "--model"]
     assert args[args.index("--role") + 1] == "P"
     assert args[args.index("--pool") + 1] == pool.name
-    assert args[args.index("--router-url") + 1] == "http://demo-router.serving.svc:8080"
+    # every router replica by the headless Service's DNS, not one through the Service
+    assert args[args.index("--router-url") + 1] == "http://demo-router-pods.serving.svc:8080"
+    assert "--router-dns" in args
     assert args[-2:] == ["--preset", "tiny-llava"]
     selector = dep["spec"]["selector"]["matchLabels"]
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
@@ -143,8 +145,13 @@ def test_router_and_configmap(owner: Owner) -> None:
     assert container["args"] == ["router", "--host", "0.0.0.0", "--port", "8080",
                                  "--config", "/etc/epd/router.json"]  # fmt: skip
     assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "demo-internal-token"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     svc = r.render_router_service(owner)
     assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 8080
+    pods = r.render_router_pods_service(owner)
+    assert pods["metadata"]["name"] == "demo-router-pods"
+    assert pods["spec"]["clusterIP"] == "None" and pods["spec"]["publishNotReadyAddresses"]
+    assert pods["spec"]["selector"] == svc["spec"]["selector"]
 
 
 def test_hash_changes_with_content(owner: Owner) -> None:
@@ -170,7 +177,8 @@ def test_pod_command_lines_parse_with_the_real_epdctl() -> None:
         args = parser.parse_args(container["args"])
         assert (args.command, args.role, args.pool) == ("serve", pool.role.value, pool.name)
         assert args.kv_block_size == 32 and args.num_kv_blocks == 1024
-        assert args.router_url == "http://demo-router.serving.svc:8080"
+        assert args.router_url == ["http://demo-router-pods.serving.svc:8080"]
+        assert args.router_dns
         assert args.slo_tpot == 0.08
         assert args.transfer_backend == "nccl"
     router = r.render_router_deployment(owner)["spec"]["template"]["spec"]["containers"][0]

@@ -108,7 +108,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
     p.add_argument(
-        "--router-url", help="register with this router and serve the requests it routes"
+        "--router-url",
+        action="append",
+        help="register with this router and serve the requests it routes; several replicas: "
+        "repeat it or give a comma list (each replica gets its own requests' events)",
+    )
+    p.add_argument(
+        "--router-dns",
+        action="store_true",
+        help="each --router-url's host names every router replica (a headless Service): "
+        "resolve it every 2 s and register with each address",
     )
     p.add_argument(
         "--advertise-url",
@@ -225,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         engine=engine_config(args),
         pool=args.pool,
-        router_url=args.router_url,
+        router_url=",".join(args.router_url) if args.router_url else None,
+        resolve_router_replicas=args.router_dns,
         advertise_url=advertise,
         instance_id=args.instance_id or "",
         bind_host=args.host,

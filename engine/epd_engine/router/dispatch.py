@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
@@ -15,6 +14,7 @@ import numpy as np
 from epd_engine.api.completions import CompletionRequest
 from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.contracts.errors import ClientError, ServiceUnavailable
+from epd_engine.contracts.request_owner import new_request_id, new_router_id
 from epd_engine.contracts.routing_policy import (
     InstanceLoad,
     LeastLoaded,
@@ -47,6 +47,9 @@ class Dispatcher:
     policy: RoutingPolicy = field(default_factory=LeastLoaded)
     inflight: dict[str, InflightRequest] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
+    # this replica's id: in every request id it makes, so instances send it that request's
+    # events (contracts/request_owner.py); heartbeat answers tell instances the id
+    router_id: str = field(default_factory=new_router_id)
     events: EventRelay = field(init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -54,7 +57,7 @@ class Dispatcher:
         self.events = EventRelay(self.inflight)
 
     async def start(self, body: ChatCompletionRequest | CompletionRequest) -> InflightRequest:
-        request = InflightRequest(f"req-{uuid.uuid4().hex[:16]}", body, time.monotonic())
+        request = InflightRequest(new_request_id(self.router_id), body, time.monotonic())
         self.inflight[request.router_request_id] = request
         try:
             await self._submit(request)

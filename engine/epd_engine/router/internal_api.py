@@ -24,9 +24,13 @@ def _dispatcher(request: Request) -> Dispatcher:
 
 @router.post("/instances/heartbeat", dependencies=[Depends(require_member)])
 async def heartbeat(beat: InstanceLoad, request: Request) -> dict[str, object]:
-    registry = _dispatcher(request).registry
-    registry.heartbeat(beat)
-    return {"instances": [i.to_json() for i in registry.active()]}
+    dispatcher = _dispatcher(request)
+    dispatcher.registry.heartbeat(beat)
+    # the id tells the instance which of its router links owns this replica's requests
+    return {
+        "router_id": dispatcher.router_id,
+        "instances": [i.to_json() for i in dispatcher.registry.active()],
+    }
 
 
 @router.post("/event-stream", dependencies=[Depends(require_member)])
@@ -68,6 +72,7 @@ async def pools(request: Request) -> dict[str, object]:
             by_pool[holder.pool]["inflight"] += 1
     active = registry.active_pools
     return {
+        "router_id": dispatcher.router_id,
         "active_pools": sorted(active) if active is not None else None,
         "pools": {
             name: {**info, "role": info["role"].value, "active": active is None or name in active}

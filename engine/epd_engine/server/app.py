@@ -18,6 +18,7 @@ from epd_engine.config import EngineConfig, internal_token
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import AsyncEngineHooks
 from epd_engine.disagg.migration import Migration
+from epd_engine.disagg.router_directory import RouterDirectory, split_urls
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.engine.async_engine import AsyncEngine
 from epd_engine.engine.gc_heap import freeze_startup_heap
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 class ServerSettings:
     engine: EngineConfig
     pool: str = "local"
-    router_url: str | None = None  # set: register with this router and serve its requests
+    # set: register with this router (a comma list: each replica) and serve its requests
+    router_url: str | None = None
+    resolve_router_replicas: bool = False  # each router URL's host lists every replica (DNS)
     advertise_url: str = "http://127.0.0.1:8000"  # how the router and peers reach us
     instance_id: str = ""
     bind_host: str = "127.0.0.1"  # the interface the HTTP server (and tcp page server) use
@@ -102,11 +105,11 @@ def _connect_router(
     )
     token = internal_token()
     token_text = token_text_of(state.processor.tokenizer)
-    link = RouterLink(settings.router_url, identity, state.http, token, token_text=token_text)
+    routers = RouterDirectory(split_urls([settings.router_url]), settings.resolve_router_replicas)
+    link = RouterLink(routers, identity, state.http, token, token_text=token_text)
     exports = Exports()
     regions = state.engine.engine.runner.regions
     backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)
-    state.link = link  # the app's: its routes send on it, migration uses it
     state.migration = Migration(
         AsyncEngineHooks(state.engine),
         link,

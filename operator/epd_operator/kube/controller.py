@@ -234,6 +234,7 @@ def reconcile(
     kube.apply(r.render_configmap(owner, plan, sorted(outcome.state.active_pools)))
     kube.apply(r.render_router_deployment(owner))
     kube.apply(r.render_router_service(owner))
+    kube.apply(r.render_router_pods_service(owner))
     guardrails.converge(kube, owner)  # network policies, disruption budgets
 
     ready = sum(

@@ -3,7 +3,8 @@
 Nothing here talks to the API server. Child names are deterministic:
 
 - ``<name>-config`` ConfigMap (router.json, plan.json), ``<name>-internal-token`` Secret,
-- ``<name>-router`` Deployment + Service (the inference endpoint),
+- ``<name>-router`` Deployment + Service (the inference endpoint), and the headless
+  ``<name>-router-pods`` Service through which instances find every router replica,
 - ``<name>-<role>-<hash8>`` Deployment + headless Service per pool, where ``hash8`` covers
   everything that shapes the pool's pods (role, replicas, model, engine settings, SLOs). A pool
   whose inputs do not change keeps its name across plans and is left alone by a rollout; a
@@ -70,7 +71,18 @@ def router_name(owner: Owner) -> str:
 
 
 def router_url(owner: Owner) -> str:
+    """The inference endpoint: any one replica, picked per connection."""
     return f"http://{router_name(owner)}.{owner.namespace}.svc:{owner.spec.router.port}"
+
+
+def router_pods_name(owner: Owner) -> str:
+    return f"{base_name(owner)}-router-pods"
+
+
+def router_pods_url(owner: Owner) -> str:
+    """A name whose DNS answer is every router pod's address (``--router-dns``): instances
+    register with each replica and send each its own requests' events."""
+    return f"http://{router_pods_name(owner)}.{owner.namespace}.svc:{owner.spec.router.port}"
 
 
 def label_value(name: str) -> str:
@@ -226,7 +238,7 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan) -> list[str]:
         "--role", pool.role.value,
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
-        "--router-url", router_url(owner),
+        "--router-url", router_pods_url(owner), "--router-dns",
         "--pool", pool.name,
         "--dtype", spec.model.dtype,
         "--device", "cuda" if engine.gpus_per_instance > 0 else "cpu",
@@ -423,9 +435,9 @@ def render_router_deployment(owner: Owner) -> Manifest:
         ],
         "env": [*_auth_env(owner), *tmp_env],
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
-        # Not /health/ready: that is 503 until an engine registers, and engines register
-        # through this Service, which only routes to Ready pods.
-        "readinessProbe": _probe("/health/live", 5, 3),
+        # Clients reach a replica only once instances have registered with it (engines find
+        # it before that: the headless Service lists pods that are not Ready yet).
+        "readinessProbe": _probe("/health/ready", 5, 3),
         "livenessProbe": _probe("/health/live", 10, 6),
         "resources": _resources(
             owner, 0, router.resources.requests, router.resources.limits, DEFAULT_ROUTER_RESOURCES
@@ -482,6 +494,25 @@ def render_router_service(owner: Owner) -> Manifest:
                 "type": router.service_type,
                 "selector": router_selector(owner),
                 "ports": [{"name": "http", "port": router.port, "targetPort": "http"}],
+            },
+        }
+    )
+
+
+def render_router_pods_service(owner: Owner) -> Manifest:
+    """Headless, for instances: DNS answers one address per router pod, Ready or not (a
+    starting replica must learn the instances before it is Ready; a terminating one still
+    needs the events of the requests it is finishing)."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, router_pods_name(owner), "router"),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": router_selector(owner),
+                "ports": [{"name": "http", "port": owner.spec.router.port, "targetPort": "http"}],
             },
         }
     )

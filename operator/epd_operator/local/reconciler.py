@@ -98,7 +98,7 @@ class LocalReconciler:
         self.engines = engines
         self.pools = LocalPools(engines)
         self.router = RouterAPI(engines.router_url, engines.token, router_timeout_s)
-        self.fleet = RouterFleet([engines.router_url], engines.token, router_timeout_s)
+        self.fleet = RouterFleet(engines.replica_urls, engines.token, router_timeout_s)
         self.post_event = post_event
         self.plan_timeout_s = plan_timeout_s
         self.plan_max_requests = plan_max_requests
