@@ -119,3 +119,28 @@ def test_round_floats_keeps_nanoseconds() -> None:
         "a": [0.001339127, 2],
         "b": "x",
     }
+
+
+def test_compact_results_converts_an_old_report_and_checks_its_percentiles(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.compact_results import close
+    from benchmarks.compact_results import main as compact
+
+    report, by_rate = sweep_report()
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(report, indent=2))
+    assert compact([str(old)]) == 0
+    assert "requests_by_rate" not in json.loads(old.read_text())
+    assert (tmp_path / "raw" / "old.json.gz").exists()
+    back = results_by_rate(load_report(old))
+    assert sorted(back) == sorted(by_rate)
+    for rate, rs in by_rate.items():  # the same, floats to 1 ns
+        assert close([r.to_dict() for r in back[rate]], [r.to_dict() for r in rs])
+        assert not close([r.ttft_s for r in back[rate]], [r.ttft_s + 2e-9 for r in rs])
+    assert compact([str(old)]) == 0  # idempotent
+    summary = json.loads(old.read_text())
+    summary["points"][0]["summary"]["ttft"]["p90_s"] += 0.001  # a figure raw data do not give
+    old.write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="ttft p90_s"):
+        compact([str(old)])
