@@ -26,7 +26,21 @@ from epd_operator.kube.manifests import (
     Manifest,
     label_value,
 )
+from epd_operator.kube.names import ANNOTATION_GPUS
 from epd_operator.rollout.state_machine import ObservedPool
+
+
+def _gpus_per_pod(dep: Any, gpu_resource: str) -> int:
+    """GPUs of each pod of a pool Deployment: as the operator annotated it (any resource
+    name), else the limit of ``gpu_resource`` (a Deployment an older operator made)."""
+    annotated = ((dep.metadata.annotations if dep.metadata else None) or {}).get(ANNOTATION_GPUS)
+    if annotated is not None and annotated.isdigit():
+        return int(annotated)
+    pod_spec = dep.spec.template.spec
+    container = pod_spec.containers[0] if pod_spec else None
+    resources = container.resources if container else None
+    limits = (resources.limits or {}) if resources else {}
+    return int(limits.get(gpu_resource, 0))
 
 
 class Kube:
@@ -133,11 +147,7 @@ class Kube:
             labels = meta.labels or {}
             name = str(labels.get(LABEL_POOL, meta.name))
             replicas = spec.replicas or 0
-            pod_spec = spec.template.spec
-            container = pod_spec.containers[0] if pod_spec else None
-            resources = container.resources if container else None
-            limits = (resources.limits or {}) if resources else {}
-            per_pod = int(limits.get(gpu_resource, 0))
+            per_pod = _gpus_per_pod(dep, gpu_resource)
             pools[name] = ObservedPool(
                 name=name,
                 role=Role(labels.get(LABEL_ROLE, "EPD")),

@@ -1,0 +1,310 @@
+"""Pure rendering of an engine pool's pod template, and the pod pieces the router shares.
+
+A pool's pods run ``epdctl serve`` as the pool's role with what the spec gives that role
+(``EngineSpec.role_pod``: image, GPUs, resources, placement, arguments) and what every engine
+pod gets (``PodSettings``: environment, extra volumes, ``/dev/shm``, runtime and priority
+class, pull secrets, labels, annotations, affinity, topology spread, grace period).
+
+Everything here may change without a new pool name: the Deployment rolls its pods replica by
+replica (``update_strategy.py``) and each terminating engine drains first. What must not be
+mixed inside a pool (model, cache geometry, transfer backend, GPU count and type) is in the
+pool's name instead (``rollout/pool_identity.py``).
+
+Pods run non-root with every capability dropped, no privilege escalation, the runtime's
+default seccomp profile and a read-only root filesystem (``/tmp`` and ``/dev/shm`` are
+emptyDirs, ``HOME`` points into ``/tmp``); resources a spec leaves out get defaults, so no
+pod is BestEffort.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epd_engine.contracts.plan import Plan
+from epd_operator.api.spec import Toleration
+from epd_operator.kube.names import (
+    ENGINE_PORT,
+    LABEL_POOL,
+    LABEL_ROLE,
+    MODELS_DIR,
+    labels,
+    secret_name,
+)
+from epd_operator.rollout.pool_identity import Owner, PoolSpec
+
+RUN_AS_USER = 10001  # the images' user (docker/*.Dockerfile)
+TMP_DIR = "/tmp"
+SHM_DIR = "/dev/shm"
+# Requests only for the engine (a checkpoint's host memory varies too much for a default
+# limit); the router is small, so it also gets a memory limit.
+DEFAULT_ENGINE_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "1", "memory": "2Gi"},
+    "limits": {},
+}
+# Loading weights and the start-up budget search can take minutes on real checkpoints.
+STARTUP_PROBE_FAILURES = 90
+
+
+# --- pieces the router's pod shares ----------------------------------------------------------
+
+
+def auth_env(owner: Owner) -> list[dict[str, Any]]:
+    """The deployment's secret, and its id: the EPDDeployment's uid, which a deployment of
+    the same name created later does not share, so the router refuses a pod left over from
+    an earlier one (``X-EPD-Deployment``) even in the same namespace."""
+    ref = {"name": secret_name(owner), "key": "token"}
+    return [
+        {"name": "EPD_INTERNAL_TOKEN", "valueFrom": {"secretKeyRef": ref}},
+        {"name": "EPD_DEPLOYMENT_ID", "value": owner.uid},
+    ]
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,  # emptyDir and PVC model volumes writable by the user
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def writable_tmp() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(volume, mount, env): with a read-only root, caches (torch, HF, matplotlib) go to /tmp."""
+    env = [
+        {"name": "HOME", "value": TMP_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{TMP_DIR}/.cache"},
+    ]
+    return {"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": TMP_DIR}, env
+
+
+def probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def resources(
+    gpus: int,
+    gpu_resource_name: str,
+    requests: dict[str, str],
+    limits: dict[str, str],
+    defaults: dict[str, dict[str, str]],
+) -> dict[str, Any]:
+    """The spec's requests and limits over ``defaults`` (a name the spec sets wins)."""
+    out = {
+        "requests": {**defaults["requests"], **requests},
+        "limits": {**defaults["limits"], **limits},
+    }
+    # A default request above the user's limit would be rejected (request > limit): drop it.
+    for name in limits:
+        if name not in requests and name in defaults["requests"]:
+            del out["requests"][name]
+    if gpus > 0:
+        out["requests"][gpu_resource_name] = str(gpus)
+        out["limits"][gpu_resource_name] = str(gpus)
+    return {k: v for k, v in out.items() if v}
+
+
+def place(
+    pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list[Toleration]
+) -> None:
+    """A node selector and tolerations on a pod spec (left out when empty)."""
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [t.model_dump(exclude_defaults=True) for t in tolerations]
+
+
+def pull_secrets(owner: Owner) -> list[dict[str, Any]]:
+    """``imagePullSecrets`` of engine and router pods (the router runs the engine image)."""
+    return [s.model_dump(exclude_none=True) for s in owner.spec.engine.image_pull_secrets]
+
+
+# --- the engine container ---------------------------------------------------------------------
+
+
+def _pod_identity_env() -> list[dict[str, Any]]:
+    """The downward API's pod IP and name, for the engine's advertise URL and instance id."""
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (("POD_IP", "status.podIP"), ("POD_NAME", "metadata.name"))
+    ]
+
+
+def _model_volume(owner: Owner) -> dict[str, Any]:
+    source = owner.spec.model.source
+    if source.pvc is not None:
+        # readOnly: the pods only read weights, and a ReadOnlyMany claim attaches read-only
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        return {"name": "model", "persistentVolumeClaim": claim}
+    if source.host_path is not None:
+        return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    return {"name": "model", "emptyDir": {}}
+
+
+def model_dir(owner: Owner) -> str:
+    """The checkpoint directory the engine loads (``--model``)."""
+    spec = owner.spec.model
+    mount = f"{MODELS_DIR}/{spec.name}"
+    cache = spec.source.hugging_face_cache
+    if cache is None:
+        return mount
+    inside = spec.source.pvc.path.strip("/") if spec.source.pvc is not None else ""
+    return "/".join(p for p in (mount, inside, cache.snapshot_path()) if p)
+
+
+def _model_mount(owner: Owner) -> dict[str, Any]:
+    source = owner.spec.model.source
+    mount: dict[str, Any] = {"name": "model", "mountPath": f"{MODELS_DIR}/{owner.spec.model.name}"}
+    # A Hugging Face cache is mounted whole: its snapshot files are symlinks into ../../blobs.
+    whole = source.hugging_face_cache is not None
+    if source.pvc is not None and source.pvc.path and not whole:
+        mount["subPath"] = source.pvc.path.strip("/")
+    if source.preset is None:
+        mount["readOnly"] = True
+    return mount
+
+
+def engine_args(owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]) -> list[str]:
+    """``epdctl serve`` arguments; ``router_args`` tell it where the router is (manifests.py
+    owns the router's names)."""
+    spec = owner.spec
+    engine = spec.engine
+    role = engine.role_pod(pool.role, spec.gpu_resource_name)
+    args = [
+        "serve",
+        "--model", model_dir(owner),
+        "--role", pool.role.value,
+        "--host", "0.0.0.0",
+        "--port", str(ENGINE_PORT),
+        *router_args,
+        "--pool", pool.name,
+        "--dtype", spec.model.dtype,
+        "--device", "cuda" if role.gpus_per_instance > 0 else "cpu",
+        "--kv-block-size", str(engine.kv_block_size),
+        *engine.kv_cache_args(),
+        "--num-image-blocks", str(engine.num_image_blocks),
+        "--served-model-name", spec.model.name,
+        "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
+        "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
+        "--transfer-backend", engine.transfer_backend,
+        # Peers and the router reach each replica at its own pod IP, under its pod name;
+        # Kubernetes expands $(VAR) in args from the container's env (_pod_identity_env).
+        "--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}",
+        "--instance-id", "$(POD_NAME)",
+        # SIGTERM: leave routing, finish in-flight requests, then exit within the grace period
+        "--drain-timeout", str(engine.drain_timeout_s),
+    ]  # fmt: skip
+    if spec.model.source.preset is not None:
+        args += ["--preset", spec.model.source.preset]
+    budgets = plan.budgets.get(pool.role)
+    if budgets is not None:
+        args += ["--image-budget", str(budgets.image_budget)]
+        args += ["--token-budget", str(budgets.token_budget)]
+    return args + role.extra_args
+
+
+def _env(owner: Owner, tmp_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's variables, then the spec's (one the spec names replaces ours: HOME)."""
+    own = [e.model_dump(by_alias=True, exclude_none=True) for e in owner.spec.engine.env]
+    named = {e["name"] for e in own}
+    ours = [*auth_env(owner), *_pod_identity_env(), *tmp_env]
+    return [e for e in ours if e["name"] not in named] + own
+
+
+def _volumes(owner: Owner, tmp_volume: dict[str, Any]) -> list[dict[str, Any]]:
+    engine = owner.spec.engine
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if engine.shm_size is not None:
+        shm["sizeLimit"] = engine.shm_size
+    extra = [v.manifest() for v in engine.volumes]
+    return [_model_volume(owner), {"name": "shm", "emptyDir": shm}, tmp_volume, *extra]
+
+
+def _pod_extras(owner: Owner, pod_spec: dict[str, Any]) -> None:
+    """Pod-level settings passed through when set (left out otherwise)."""
+    engine = owner.spec.engine
+    optional = {
+        "runtimeClassName": engine.runtime_class_name,
+        "priorityClassName": engine.priority_class_name,
+        "imagePullSecrets": pull_secrets(owner),
+        "affinity": engine.affinity,
+        "topologySpreadConstraints": list(engine.topology_spread_constraints),
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+
+
+def engine_pod_template(
+    owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]
+) -> dict[str, Any]:
+    """The pool Deployment's ``spec.template``: metadata and pod spec."""
+    spec = owner.spec
+    engine = spec.engine
+    role = engine.role_pod(pool.role, spec.gpu_resource_name)
+    tmp_volume, tmp_mount, tmp_env = writable_tmp()
+    container = {
+        "name": "engine",
+        "image": role.image,
+        "imagePullPolicy": engine.image_pull_policy,
+        "command": ["epdctl"],
+        "args": engine_args(owner, pool, plan, router_args),
+        "env": _env(owner, tmp_env),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "readinessProbe": probe("/health/ready", 5, 3),
+        "livenessProbe": probe("/health/live", 10, 6),
+        "startupProbe": probe("/health/live", 10, STARTUP_PROBE_FAILURES),
+        "resources": resources(
+            role.gpus_per_instance,
+            role.gpu_resource_name,
+            role.requests,
+            role.limits,
+            DEFAULT_ENGINE_RESOURCES,
+        ),
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            _model_mount(owner),
+            {"name": "shm", "mountPath": SHM_DIR},
+            tmp_mount,
+            *(m.manifest() for m in engine.volume_mounts),
+        ],
+    }
+    if engine.env_from:
+        container["envFrom"] = [
+            e.model_dump(by_alias=True, exclude_defaults=True) for e in engine.env_from
+        ]
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "automountServiceAccountToken": False,  # engines never call the API server
+        "containers": [container],
+        "volumes": _volumes(owner, tmp_volume),
+        "terminationGracePeriodSeconds": engine.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+    }
+    place(pod_spec, role.node_selector, role.tolerations)
+    _pod_extras(owner, pod_spec)
+    pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ENGINE_PORT),
+        "prometheus.io/path": "/metrics",
+        **engine.pod_annotations,
+    }
+    return {
+        "metadata": {
+            "labels": {**engine.pod_labels, **labels(owner, "engine"), **pool_labels},
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
