@@ -110,6 +110,7 @@ def _connect_router(
     exports = Exports()
     regions = state.engine.engine.runner.regions
     backend = make_backend(settings.transfer(), memory, regions, exports, state.http, token)
+    state.link = link  # the app's: its routes send on it, migration uses it
     state.migration = Migration(
         AsyncEngineHooks(state.engine),
         link,
