@@ -137,7 +137,7 @@ def test_compact_results_converts_an_old_report_and_checks_its_percentiles(
     assert sorted(back) == sorted(by_rate)
     for rate, rs in by_rate.items():  # the same, floats to 1 ns
         assert close([r.to_dict() for r in back[rate]], [r.to_dict() for r in rs])
-        assert not close([r.ttft_s for r in back[rate]], [r.ttft_s + 2e-9 for r in rs])
+        assert not close([r.ttft_s for r in back[rate]], [(r.ttft_s or 0.0) + 2e-9 for r in rs])
     assert compact([str(old)]) == 0  # idempotent
     summary = json.loads(old.read_text())
     summary["points"][0]["summary"]["ttft"]["p90_s"] += 0.001  # a figure raw data do not give
