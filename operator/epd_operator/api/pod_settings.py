@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 
 from epd_engine.config import Role
+from epd_operator.api.images import default_engine_image
 from epd_operator.api.model_base import PRESERVE_UNKNOWN, SpecModel, cel, map_list
 from epd_operator.api.pod_fields import (
     DNS_SUBDOMAIN,
@@ -240,7 +241,7 @@ class RolePod:
 def role_pod(
     role: Role,
     roles: RoleSettingsByRole,
-    image: str,
+    image: str | None,
     gpus_per_instance: int,
     gpu_resource_name: str,
     resources: Resources,
@@ -249,11 +250,11 @@ def role_pod(
     extra_args: list[str],
 ) -> RolePod:
     own = roles.get(role) or RoleSettings()
+    gpus = own.gpus_per_instance if own.gpus_per_instance is not None else gpus_per_instance
     return RolePod(
-        image=own.image if own.image is not None else image,
-        gpus_per_instance=(
-            own.gpus_per_instance if own.gpus_per_instance is not None else gpus_per_instance
-        ),
+        # neither names one: the GPU image where the role has a GPU (api/images.py)
+        image=own.image or image or default_engine_image(gpus),
+        gpus_per_instance=gpus,
         gpu_resource_name=own.gpu_resource_name or gpu_resource_name,
         requests={**resources.requests, **(own.resources.requests if own.resources else {})},
         limits={**resources.limits, **(own.resources.limits if own.resources else {})},

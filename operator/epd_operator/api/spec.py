@@ -338,7 +338,12 @@ MAX_ROUTER_REPLICAS = 8
 class EngineSpec(PodSettings):
     """The engine every pool runs, and (``PodSettings``) what its pods carry."""
 
-    image: str = Field(default="epd-engine:0.1.0", min_length=1)
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Unset: epd-engine-gpu:0.1.0 for instances with a GPU (FlashInfer, CuPy), "
+        "epd-engine:0.1.0 on CPU (the same Dockerfile's two variants).",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     gpus_per_instance: int = Field(
         default=1,
@@ -406,7 +411,9 @@ class RouterSpec(_Model):
     )
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     port: int = Field(default=8080, ge=1, le=65535)
-    image: str | None = Field(default=None, description="Defaults to the engine image.")
+    image: str | None = Field(
+        default=None, description="Defaults to engine.image, else epd-engine:0.1.0 (CPU)."
+    )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=MAX_LIST_ITEMS)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
