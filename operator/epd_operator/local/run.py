@@ -152,6 +152,7 @@ class LocalRun:
             "pid": os.getpid(),
             "reconcile": True,
             "router_url": self.router_url,
+            "router_urls": self.routers.urls,  # each replica's own (the same with one)
             "token": self.token,
             "pids": pids,
             "ready": self.ready,
