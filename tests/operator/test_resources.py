@@ -24,8 +24,11 @@ def test_pool_names_are_deterministic_and_change_only_with_their_inputs(owner: O
     scaled = r.pool_specs(owner, Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 3, Role.D: 1}))
     assert scaled[0].name == first[0].name and scaled[2].name == first[2].name
     assert scaled[1].name != first[1].name
+    # the image is the pool's pod template (it rolls in place); the cache geometry is not
     other_image = make_owner(engine={"image": "epd-engine:0.2.0"})
-    assert {p.name for p in r.pool_specs(other_image, PLAN)}.isdisjoint({p.name for p in first})
+    assert [p.name for p in r.pool_specs(other_image, PLAN)] == [p.name for p in first]
+    other_pages = make_owner(engine={"kvBlockSize": 32})
+    assert {p.name for p in r.pool_specs(other_pages, PLAN)}.isdisjoint({p.name for p in first})
 
 
 def test_long_names_stay_within_dns_label_limits() -> None:
@@ -116,7 +119,8 @@ def test_model_sources_mount_read_only_weights() -> None:
     pod = r.render_pool_deployment(owner, r.pool_specs(owner, PLAN)[0], PLAN)["spec"]["template"][
         "spec"
     ]
-    assert pod["volumes"][0] == {"name": "model", "persistentVolumeClaim": {"claimName": "w"}}
+    claim = {"claimName": "w", "readOnly": True}  # a ReadOnlyMany claim attaches read-only
+    assert pod["volumes"][0] == {"name": "model", "persistentVolumeClaim": claim}
     mount = pod["containers"][0]["volumeMounts"][0]
     assert mount == {"name": "model", "mountPath": "/models/m", "subPath": "ckpt", "readOnly": True}
 

@@ -153,6 +153,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its KV layer group by layer group while prefill runs; after-prefill: offer it "
         "once prefill has ended",
     )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a SIGTERM waits for in-flight requests (no new ones come) before the "
+        "rest are handed back to the router and the instance exits; a second SIGTERM or "
+        "SIGINT exits at once",
+    )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -193,13 +201,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+STARTUP_FAILURE_EXIT = 3  # uvicorn's, when the app did not start
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from epd_engine.engine import startup
+    from epd_engine.model.hub_cache import resolve_snapshot
     from epd_engine.server.app import ServerSettings, create_app
+    from epd_engine.server.drain import DrainingServer, drain
     from epd_engine.transfer.factory import check_backend
 
     startup.mark("imports")
@@ -219,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         check_backend(args.transfer_backend, args.device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    args.model = resolve_snapshot(args.model)  # a hub cache's snapshots/<branch or tag>
     if args.preset and not (args.model / "config.json").exists():
         from epd_engine.model.make_model import make_model
 
@@ -244,10 +256,12 @@ def run(args: argparse.Namespace) -> int:
         kv_layers_per_group=args.kv_layers_per_group,
         early_kv=args.kv_handoff == "early",
     )
-    uvicorn.run(
-        create_app(settings, freeze_heap=True),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
+    app = create_app(settings, freeze_heap=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = DrainingServer(
+        config, lambda: drain(getattr(app.state, "instance", None), args.drain_timeout)
     )
+    server.run()
+    if not server.started:  # as uvicorn.run: the app did not start (its lifespan failed)
+        sys.exit(STARTUP_FAILURE_EXIT)
     return 0

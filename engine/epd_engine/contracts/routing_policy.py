@@ -8,7 +8,7 @@ same way among instances of the next stage's pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from epd_engine.config import Method, Role, Stage
@@ -26,17 +26,29 @@ class InstanceLoad:
     num_running: int = 0
     free_kv_blocks: int = 0
     free_image_blocks: int = 0
+    # shutting down (a pod being replaced): takes no new request or migration, finishes
+    # what it holds (server/drain.py)
+    draining: bool = False
 
     @property
     def queue_depth(self) -> int:
         return self.num_waiting + self.num_running
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "role": self.role.value}
+        data = {**asdict(self), "role": self.role.value}
+        if not self.draining:  # a peer of an earlier version refuses keys it does not know
+            del data["draining"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InstanceLoad:
-        return cls(**{**data, "role": Role(str(data["role"]))})
+        """Fields this version does not know are ignored (a router and its instances may run
+        different versions during an upgrade)."""
+        known = {k: v for k, v in data.items() if k in _LOAD_FIELDS}
+        return cls(**{**known, "role": Role(str(data["role"]))})
+
+
+_LOAD_FIELDS = frozenset(f.name for f in fields(InstanceLoad))
 
 
 class RoutingPolicy(Protocol):

@@ -74,6 +74,8 @@ class RouterLink:
         self.owner_wait_s = owner_wait_s
         # one token's text: logprobs go to the router rendered (it has no tokenizer)
         self.token_text = token_text
+        # shutting down (server/drain.py): heartbeats say so, and routers send us nothing new
+        self.draining = False
         self.endpoints: dict[str, RouterEndpoint] = {}  # url -> replica
         self._owners: dict[str, RouterEndpoint] = {}  # router id -> replica
         self._waiting: dict[str, _Waiting] = {}  # router id -> events for it
@@ -114,6 +116,7 @@ class RouterLink:
             num_running=len(s.running),
             free_kv_blocks=s.kv.pool.num_free if s.kv else 0,
             free_image_blocks=s.images.pool.num_free if s.images else 0,
+            draining=self.draining,
         )
 
     # --- replicas coming and going ----------------------------------------------------------

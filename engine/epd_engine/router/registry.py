@@ -41,8 +41,10 @@ class Registry:
         return [e.load for e in self._entries.values()]
 
     def active(self) -> list[InstanceLoad]:
-        """Instances that may take new work (their pool is not draining)."""
-        loads = self.all()
+        """Instances that may take new work: their pool is routed to and they are not
+        shutting down (a draining instance stays known: its requests' events and aborts
+        still reach it, and the operator counts what it holds as in flight)."""
+        loads = [load for load in self.all() if not load.draining]
         if self.active_pools is None:
             return loads
         return [load for load in loads if load.pool in self.active_pools]

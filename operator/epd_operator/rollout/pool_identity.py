@@ -1,9 +1,15 @@
 """Which pools a plan asks for, under names that say what they run.
 
 A pool's name is ``<deployment>-<role>-<hash>``, the hash over everything that makes two pools
-interchangeable (role, replicas, model, engine settings, SLO, budgets): the same plan always
-names the same pools, so a re-applied plan changes nothing and a changed one starts new pools
-beside the old (the rollout's new-pools-first order). Both backends name pools here.
+interchangeable (role, replicas, model, SLO, budgets, the engine's cache geometry and transfer
+backend, the role's GPU count and type): the same plan always names the same pools, so a
+re-applied plan changes nothing and a changed one starts new pools beside the old (the
+rollout's new-pools-first order). Both backends name pools here.
+
+What is left out may differ between two pods of one pool for a while: the image, arguments,
+environment, volumes, placement, CPU and memory, the router's address. A change to them is a
+change of the pool's pod template, which the pool's Deployment rolls replica by replica
+(``kube/update_strategy.py``) under the same name.
 """
 
 from __future__ import annotations
@@ -57,19 +63,40 @@ def base_name(owner: Owner) -> str:
     return f"{owner.name[: MAX_NAME_PREFIX - 6].rstrip('-')}-{content_digest(owner.name, 5)}"
 
 
+# Engine settings every instance of a deployment must share: page sizes and counts (a
+# migration copies pages between caches of one geometry) and how pages move.
+IDENTITY_ENGINE_FIELDS = {
+    "kv_block_size",
+    "num_kv_blocks",
+    "gpu_memory_fraction",
+    "num_image_blocks",
+    "transfer_backend",
+}
+
+
+def pool_identity(spec: EPDDeploymentSpec, role: Role) -> dict[str, Any]:
+    """What a pool of ``role`` hashes into its name besides its replica count and budgets."""
+    gpus = spec.engine.gpus_for(role)
+    resource = spec.engine.role_pod(role, spec.gpu_resource_name).gpu_resource_name
+    return {
+        "model": spec.model.model_dump(mode="json"),
+        "slo": spec.slo.model_dump(mode="json"),
+        "engine": spec.engine.model_dump(mode="json", include=IDENTITY_ENGINE_FIELDS),
+        "gpus_per_instance": gpus,
+        "gpu_resource_name": resource if gpus > 0 else None,
+    }
+
+
 def pool_specs(owner: Owner, plan: Plan) -> list[PoolSpec]:
     """The pools of ``plan`` with their deterministic names, in the method's role order."""
     spec = owner.spec
-    shared = spec.model_dump(
-        mode="json", include={"model", "engine", "slo", "gpu_resource_name", "router"}
-    )
     pools = []
     for role in plan.method.roles:
         replicas = plan.pools[role]
         budgets = plan.budgets.get(role)
-        key = {"role": role.value, "replicas": replicas, "spec": shared}
+        key = {"role": role.value, "replicas": replicas, "spec": pool_identity(spec, role)}
         if budgets is not None:
             key["budgets"] = budgets.model_dump()
         name = f"{base_name(owner)}-{role.value.lower()}-{content_digest(key)}"
-        pools.append(PoolSpec(name, role, replicas, spec.engine.gpus_per_instance))
+        pools.append(PoolSpec(name, role, replicas, spec.engine.gpus_for(role)))
     return pools
