@@ -101,6 +101,12 @@ class Request:
     num_cached_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # prefix cache (cache/kv_cache.py): keys of the sequence's full pages, as far as known;
+    # how many leading pages of its table are findable by key; and the tokens the cache
+    # served at its latest admission here (prefill starts after them)
+    page_keys: list[str] = field(default_factory=list)
+    num_registered_pages: int = 0
+    num_prefix_hit_tokens: int = 0
     pull: PullSpec | None = None  # set on a migration target until its pull completes
     pulling: bool = False  # pages allocated, bytes in flight: not schedulable yet
 

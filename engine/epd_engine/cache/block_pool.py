@@ -1,8 +1,9 @@
 """A pool of fixed-size pages with reference counts and optional content addressing.
 
-Pages with a content key (an image hash) stay cached after their last user frees them and
-are evicted least-recently-used only when a new allocation needs room. That is what turns
-the image cache into the encoder-output cache: a repeated image finds its pages again.
+Pages with a content key (an image hash, a KV page's prefix key) stay cached after their
+last user frees them and are evicted least-recently-used only when a new allocation needs
+room. That is what turns the image cache into the encoder-output cache (a repeated image
+finds its pages again) and the KV cache into a prefix cache (``kv_cache.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class BlockPool:
             self._ref_counts[block] -= 1
             if self._ref_counts[block] == 0 and block not in self._key_of:
                 self._free.append(block)
-        for key in {self._key_of[b] for b in blocks if b in self._key_of}:
+        # in the order freed: the first to become evictable is the first evicted
+        for key in dict.fromkeys(self._key_of[b] for b in blocks if b in self._key_of):
             group = self._by_key[key]
             if all(self._ref_counts[b] == 0 for b in group) and key not in self._evictable:
                 self._evictable[key] = group
@@ -66,7 +68,7 @@ class BlockPool:
 
     def register(self, key: str, blocks: list[int]) -> None:
         """Make ``blocks`` (already referenced by the caller) findable by ``key``."""
-        if key in self._by_key:
+        if key in self._by_key or any(block in self._key_of for block in blocks):
             return  # first writer wins; the duplicate pages stay private to their request
         group = tuple(blocks)
         self._by_key[key] = group
@@ -86,6 +88,11 @@ class BlockPool:
 
     def contains(self, key: str) -> bool:
         return key in self._by_key
+
+    @property
+    def num_keyed(self) -> int:
+        """Pages findable by a key, referenced or not."""
+        return len(self._key_of)
 
     def _evict_oldest(self) -> None:
         key, group = self._evictable.popitem(last=False)

@@ -18,6 +18,7 @@ from epd_engine.cache.kv_cache import blocks_needed
 class ImageSlot:
     blocks: list[int]
     cached: bool  # True: embeddings already there (a hit); False: must be encoded
+    hit: bool = False  # found in the cache when acquired (cached_tokens)
 
 
 class ImageCacheManager:
@@ -42,7 +43,7 @@ class ImageCacheManager:
         slots: list[ImageSlot | None] = []
         for content_hash, _ in images:
             hit = self.pool.lookup(content_hash)
-            slots.append(None if hit is None else ImageSlot(hit, cached=True))
+            slots.append(None if hit is None else ImageSlot(hit, cached=True, hit=True))
         sizes = [blocks_needed(num_tokens, self.block_tokens) for _, num_tokens in images]
         missing = sum(size for size, slot in zip(sizes, slots, strict=True) if slot is None)
         if not self.pool.can_allocate(missing):

@@ -156,8 +156,11 @@ async def pull_groups(
                     f"{task.num_kv_tokens} tokens need {needed} KV pages; the source has "
                     f"{len(progress.pages)}, {len(task.kv_blocks)} were allocated here"
                 )
-            src, dst = tuple(progress.pages[:needed]), tuple(task.kv_blocks[:needed])
-            await pull(PageTransfer(task.request_id, CacheKind.KV, src, dst, lo, hi))
+            held = task.num_held_kv_pages  # in this instance's prefix cache: not pulled
+            if held < needed:
+                src = tuple(progress.pages[held:needed])
+                dst = tuple(task.kv_blocks[held:needed])
+                await pull(PageTransfer(task.request_id, CacheKind.KV, src, dst, lo, hi))
             pending.remove((lo, hi))
             overlapped += progress.done is None
         if progress.done is not None and not pending:

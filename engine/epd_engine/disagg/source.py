@@ -176,7 +176,9 @@ class Source:
 
     def _start_watch(self, request: Request, task: TokenTask) -> PrefillWatch | None:
         stream = self.hooks.stream(request.request_id)
-        if not self.early_kv or task.start_position != 0 or stream is None:
+        # its first chunk: prefill starts after what the prefix cache held
+        first_chunk = task.start_position == request.num_prefix_hit_tokens
+        if not self.early_kv or not first_chunk or stream is None:
             return None
         if stream.routing is None:
             return None

@@ -51,7 +51,9 @@ class PullTask:
     """Pages this instance allocated for a migrated-in request; fill them from ``source``.
 
     ``image_blocks`` maps an image index to its pages (images already cached here by hash
-    are left out); ``kv_blocks`` are the pages for the first ``num_kv_tokens`` tokens.
+    are left out); ``kv_blocks`` are the pages for the first ``num_kv_tokens`` tokens, of
+    which the first ``num_held_kv_pages`` came from this instance's prefix cache: they are
+    not pulled.
     """
 
     request_id: str
@@ -60,6 +62,7 @@ class PullTask:
     image_blocks: dict[int, list[int]] = field(default_factory=dict)
     kv_blocks: list[int] = field(default_factory=list)
     num_kv_tokens: int = 0
+    num_held_kv_pages: int = 0
 
 
 @dataclass

@@ -28,6 +28,7 @@ from epd_engine.scheduler.output import (
     SchedulerOutput,
     TokenTask,
 )
+from epd_engine.scheduler.prefix import match_for_prefill, match_prefix, register_written
 
 
 @dataclass(frozen=True)
@@ -256,16 +257,23 @@ class Scheduler:
                 if not slot.cached:
                     task.image_blocks[index] = slot.blocks
         else:
-            assert self.kv is not None
+            kv = self.kv
+            assert kv is not None
             num_tokens = request.num_computed_tokens
-            if not self.kv.grow(request.request_id, num_tokens + 1):
+            # pages this instance holds already (a previous turn) are not pulled again
+            hit_tokens = match_prefix(kv, request, num_tokens)
+            if not kv.grow(request.request_id, num_tokens + 1):
+                kv.release(request.request_id)  # a waiting request holds no pages
+                request.num_registered_pages = 0
                 return False
+            kv.count_lookup(num_tokens, hit_tokens)
             task = PullTask(
                 request.request_id,
                 pull.kind,
                 pull,
-                kv_blocks=list(self.kv.block_table(request.request_id)),
+                kv_blocks=list(kv.block_table(request.request_id)),
                 num_kv_tokens=num_tokens,
+                num_held_kv_pages=hit_tokens // kv.block_size,
             )
         request.status = RequestStatus.RUNNING
         request.pulling = True
@@ -298,9 +306,16 @@ class Scheduler:
             return token_budget
         if any(t.request_id == request.request_id for t in out.encodes):
             return token_budget  # its embeddings are written this iteration; prefill next one
+        kv = self.kv
+        assert kv is not None
+        if (
+            request.num_computed_tokens == 0
+            and kv.hasher is not None
+            and not kv.block_table(request.request_id)
+        ):
+            match_for_prefill(kv, self.images, request)  # prefill starts after its cached part
         num_tokens = min(request.num_uncomputed_tokens, token_budget)
-        assert self.kv is not None
-        if not self.kv.grow(request.request_id, request.num_computed_tokens + num_tokens):
+        if not kv.grow(request.request_id, request.num_computed_tokens + num_tokens):
             return token_budget  # decodes keep priority on pages; retry next iteration
         out.prefills.append(self._token_task(request, Stage.PREFILL, num_tokens))
         return token_budget - num_tokens
@@ -373,8 +388,7 @@ class Scheduler:
             out.evicted_ids.append(request.request_id)
             return
         self.running.remove(request)
-        if self.kv is not None:
-            self.kv.release(request.request_id)
+        self._release_kv(request)
         if self.role.runs(Stage.ENCODE):
             if self.images is not None:
                 self.images.release(request.request_id)
@@ -419,6 +433,8 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
 
     def _after_step(self, request: Request) -> None:
+        if self.kv is not None and self.kv.hasher is not None:
+            register_written(self.kv, request)
         stage = request.next_stage
         if stage is Stage.DECODE and self.images is not None:
             self.images.release(request.request_id)  # prefill consumed the embeddings
@@ -428,10 +444,19 @@ class Scheduler:
             self.migrating[request.request_id] = request
 
     def _release_pages(self, request: Request) -> None:
-        if self.kv is not None:
-            self.kv.release(request.request_id)
+        self._release_kv(request)
         if self.images is not None:
             self.images.release(request.request_id)
+
+    def _release_kv(self, request: Request) -> None:
+        """Free the request's KV pages; the written ones stay cached (prefix cache)."""
+        kv = self.kv
+        if kv is None:
+            return
+        if kv.hasher is not None:
+            register_written(kv, request)
+        kv.release(request.request_id)
+        request.num_registered_pages = 0
 
 
 def _image_sizes(request: Request) -> list[tuple[str, int]]:

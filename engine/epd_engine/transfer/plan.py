@@ -12,7 +12,8 @@ def transfers_for(
     task: PullTask, num_layers: int, layers_per_group: int, kv_block_size: int
 ) -> list[PageTransfer]:
     """Image pulls: one transfer for every image not cached here. KV pulls: one transfer
-    per group of ``layers_per_group`` layers over the pages holding computed tokens."""
+    per group of ``layers_per_group`` layers over the pages holding computed tokens, less
+    those this instance's prefix cache holds already (none when it holds them all)."""
     source = task.source
     if task.kind is CacheKind.IMAGE:
         src: list[int] = []
@@ -39,8 +40,11 @@ def transfers_for(
             f"{task.num_kv_tokens} tokens need {num_used} KV pages; the source exposes "
             f"{len(source.kv_pages)}, {len(task.kv_blocks)} were allocated here"
         )
-    src_pages = tuple(source.kv_pages[:num_used])
-    dst_pages = tuple(task.kv_blocks[:num_used])
+    held = task.num_held_kv_pages
+    if held >= num_used:
+        return []
+    src_pages = tuple(source.kv_pages[held:num_used])
+    dst_pages = tuple(task.kv_blocks[held:num_used])
     step = max(1, layers_per_group)
     return [
         PageTransfer(

@@ -7,6 +7,7 @@ The progress answers are scripted, as a source would send them; the pulls are re
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -34,7 +35,7 @@ def progress(version: int, written: list[int], done: PrefillDone | None = None) 
 
 
 async def run(
-    answers: list[PrefillProgress], groups: list[tuple[int, int]]
+    answers: list[PrefillProgress], groups: list[tuple[int, int]], task: PullTask = TASK
 ) -> tuple[list[tuple[int, list[PageTransfer]]], tuple[PrefillDone, float, int]]:
     """Pulls (with how many polls had been answered at each) and pull_groups' result."""
     script = iter(answers)
@@ -49,7 +50,7 @@ async def run(
     async def pull(transfer: PageTransfer) -> None:
         pulls.append((polls, [transfer]))
 
-    result = await pull_groups(TASK, groups, BLOCK, poll, pull)
+    result = await pull_groups(task, groups, BLOCK, poll, pull)
     return pulls, result
 
 
@@ -69,6 +70,18 @@ def test_each_group_is_pulled_once_all_its_layers_hold_the_prompt() -> None:
         assert transfer.dst_pages == (1, 2, 3)  # only the pages the prompt's tokens fill
     assert done == DONE
     assert overlapped == 2
+
+
+def test_pages_the_target_holds_already_are_not_pulled() -> None:
+    """Its prefix cache had the first page (a previous turn): only the rest moves; with
+    every page held nothing moves, and the hand-off still completes."""
+    answers = [progress(1, [TOKENS, TOKENS], DONE)]
+    one_held = replace(TASK, num_held_kv_pages=1)
+    pulls, (done, _, _) = asyncio.run(run(answers, layer_groups(2, 1), one_held))
+    assert [(t[0].src_pages, t[0].dst_pages) for _, t in pulls] == [((8, 9), (2, 3))] * 2
+    all_held = replace(TASK, num_held_kv_pages=3)
+    pulls, (done, _, _) = asyncio.run(run(answers, layer_groups(2, 1), all_held))
+    assert pulls == [] and done == DONE
 
 
 def test_a_chunk_that_does_not_finish_the_prompt_pulls_nothing() -> None:

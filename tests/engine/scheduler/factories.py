@@ -51,8 +51,9 @@ def make_scheduler(
     max_num_running: int = 16,
     max_model_len: int = 512,
     image_token_budget: int | None = None,  # instead of image_budget
+    prefix_salt: str | None = None,  # a prefix cache (off unless given)
 ) -> Scheduler:
-    kv = KVCacheManager(num_kv_blocks, block_size) if role.needs_language else None
+    kv = KVCacheManager(num_kv_blocks, block_size, prefix_salt) if role.needs_language else None
     images = ImageCacheManager(num_image_blocks, IMAGE_TOKENS)
     image_tokens = image_token_budget or image_budget * IMAGE_TOKENS
     limits = SchedulerLimits(token_budget, image_tokens, max_num_running, max_model_len)
