@@ -27,6 +27,15 @@ venv: $(VENV)/.installed ## Create .venv with the pinned dependencies (uv)
 lock: ## Re-resolve requirements.lock from pyproject.toml
 	uv pip compile pyproject.toml --extra engine --extra operator --extra dev -o requirements.lock
 
+# The GPU image's locks, within requirements.lock's versions (the image installs both): the
+# `gpu` extra, and the CUDA compiler that builds FlashInfer's kernels in the image (removed
+# there once they are built) at the CUDA version torch uses.
+lock-gpu: ## Re-resolve requirements-gpu.lock and requirements-gpu-build.lock (run after `make lock`)
+	uv pip compile pyproject.toml --extra engine --extra gpu -c requirements.lock \
+		--custom-compile-command "make lock-gpu" -o requirements-gpu.lock
+	echo "cuda-toolkit[nvcc,cccl]" | uv pip compile - -c requirements-gpu.lock \
+		--custom-compile-command "make lock-gpu" -o requirements-gpu-build.lock
+
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(EPDCTL) make-model --preset tiny-llava $(MODEL_DIR)
 
@@ -69,7 +78,7 @@ bench-engine: venv model ## Engine throughput on the tiny model vs transformers 
 	$(PY) -m epd_engine.bench.step_overhead --model $(MODEL_DIR) --out benchmarks/results/step-overhead-cpu.json
 	$(PY) -m epd_engine.bench.step_share --model $(MODEL_DIR) --out benchmarks/results/step-share-cpu.json
 
-.PHONY: help venv lock model serve serve-single test lint fmt crds cluster-bins cluster-up cluster-down bench-engine
+.PHONY: help venv lock lock-gpu model serve serve-single test lint fmt crds cluster-bins cluster-up cluster-down bench-engine
 
 # --- Kubernetes (operator, chart, end-to-end) ----------------------------------------------
 KIND_CLUSTER ?= epd
@@ -92,6 +101,15 @@ images: ## Build the engine and operator images (docker if its daemon answers, e
 	  docker build --build-arg BASE=$(BASE_IMAGE) -f docker/operator.Dockerfile -t epd-operator:$(IMAGE_TAG) .; \
 	else IMAGE_TAG=$(IMAGE_TAG) BUILDAH_STORAGE=$(BUILDAH_STORAGE) tools/images/build.sh operator engine; fi
 
+# Not in `make images` (CI): FlashInfer's kernels compile for every GPU generation in the build,
+# which CI's cold budget does not hold; docs/gpu.md "The GPU image" gives the figures.
+images-gpu: ## Build the GPU engine image epd-engine-gpu (VARIANT=gpu: FlashInfer with its kernels built in, CuPy, NVML), then test it on CPU
+	@if docker info >/dev/null 2>&1; then \
+	  set -x; \
+	  docker build --build-arg BASE=$(BASE_IMAGE) --build-arg VARIANT=gpu -f docker/engine.Dockerfile -t epd-engine-gpu:$(IMAGE_TAG) .; \
+	else IMAGE_TAG=$(IMAGE_TAG) BUILDAH_STORAGE=$(BUILDAH_STORAGE) tools/images/build.sh engine-gpu; fi
+	EPD_REQUIRE_GPU_IMAGE=1 IMAGE_TAG=$(IMAGE_TAG) $(PY) -m pytest tests/images/test_gpu_image.py $(PYTEST_ARGS)
+
 kind-up: images ## Docker users: kind cluster + images + helm install + the tiny CPU example
 	kind get clusters | grep -qx $(KIND_CLUSTER) || kind create cluster --name $(KIND_CLUSTER)
 	kind load docker-image --name $(KIND_CLUSTER) epd-engine:$(IMAGE_TAG) epd-operator:$(IMAGE_TAG)
@@ -104,7 +122,7 @@ kind-up: images ## Docker users: kind cluster + images + helm install + the tiny
 kind-down: ## Delete the kind cluster
 	kind delete cluster --name $(KIND_CLUSTER)
 
-.PHONY: k8s-test helm-lint images kind-up kind-down
+.PHONY: k8s-test helm-lint images images-gpu kind-up kind-down
 
 # --- Trace-replay profiler (cost model, simulator, plan search) -----------------------------
 bench-plan: venv ## Plan-search speed: reference scenarios + mixed traces, before/after, scaling (JSON)

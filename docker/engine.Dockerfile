@@ -1,6 +1,9 @@
-# Engine + router image: `epdctl serve` (role pools) and `epdctl router`.
-#   docker build -f docker/engine.Dockerfile -t epd-engine:0.1.0 .
-# torch from PyPI ships its CUDA runtime; the same image runs on CPU (--device cpu).
+# Engine + router image: `epdctl serve` (role pools) and `epdctl router`, in two variants:
+#   docker build -f docker/engine.Dockerfile -t epd-engine:0.1.0 .                         # cpu
+#   docker build -f docker/engine.Dockerfile --build-arg VARIANT=gpu -t epd-engine-gpu:0.1.0 .
+# torch from PyPI is its CUDA 13.0 build (PyPI has no CPU-only wheel), so both run on CPU
+# (--device cpu) and on a GPU; the gpu variant adds the `gpu` extra (FlashInfer with its kernels
+# built in, CuPy for NCCL, NVML) and needs an NVIDIA driver >= 580 (docs/gpu.md).
 # BASE: any image with python3 >= 3.11 and its venv module (default: the public Python image;
 # CI passes a Debian base bootstrapped locally). Dependencies go into a virtual environment,
 # so a distribution Python that refuses system-wide pip installs (PEP 668) works too.
@@ -16,6 +19,21 @@ RUN python3 -m venv /opt/epd
 # changes (README or code edits do not invalidate it).
 COPY requirements.lock ./
 RUN pip install --no-deps -r requirements.lock
+
+# VARIANT=gpu: the `gpu` extra (requirements-gpu.lock) and FlashInfer's kernels compiled here,
+# with a toolchain the same step removes (tools/images/gpu_layer.sh). Declared after the layer
+# above, so both variants share it; before the project, so code edits rebuild no kernel.
+ARG VARIANT=cpu
+# gpu: the GPU generations FlashInfer's kernels are built for (empty: 8.0 9.0 10.0 12.0, i.e.
+# A100/A10/L4/L40, H100/H200, B200/B300, RTX PRO 6000/RTX 50; see tools/images/flashinfer_aot.py)
+ARG CUDA_ARCHS=
+COPY requirements-gpu.lock requirements-gpu-build.lock tools/images/gpu_layer.sh \
+     tools/images/flashinfer_aot.py ./
+RUN case "$VARIANT" in \
+      cpu) ;; \
+      gpu) sh gpu_layer.sh ;; \
+      *) echo "VARIANT is cpu or gpu, not $VARIANT" >&2; exit 1 ;; \
+    esac
 
 COPY pyproject.toml README.md ./
 COPY engine/ engine/

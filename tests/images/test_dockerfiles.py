@@ -137,3 +137,70 @@ def test_base_image_is_a_build_argument(name: str) -> None:
     text = (DOCKER / name).read_text()
     assert "ARG BASE=python:3.12-slim" in text
     assert "FROM ${BASE}" in text
+
+
+# --- the GPU variant (VARIANT=gpu: `make images-gpu`, tests/images/test_gpu_image.py) -----------
+
+GPU_LAYER_FILES = (
+    "requirements-gpu.lock",
+    "requirements-gpu-build.lock",
+    "tools/images/gpu_layer.sh",
+    "tools/images/flashinfer_aot.py",
+)
+
+
+def test_engine_dockerfile_has_a_gpu_variant_after_the_shared_layer(tmp_path: Path) -> None:
+    """Both variants share the dependency layer (the ARG comes after it), the kernels build
+    before the project is copied (a code edit rebuilds none), and every file the GPU step runs
+    is in its COPY context."""
+    text = (DOCKER / "engine.Dockerfile").read_text()
+    shared = text.index("RUN pip install --no-deps -r requirements.lock")
+    variant = text.index("ARG VARIANT=cpu")
+    project = text.index("COPY engine/ engine/")
+    assert shared < variant < project
+    workdir = assemble(parse(DOCKER / "engine.Dockerfile"), tmp_path)
+    for name in GPU_LAYER_FILES:
+        assert (workdir / Path(name).name).is_file(), name
+    assert "gpu) sh gpu_layer.sh ;;" in text
+    assert "cpu) ;;" in text
+
+
+def test_gpu_locks_pin_what_the_base_lock_pins() -> None:
+    """The GPU image installs requirements.lock, then requirements-gpu.lock over it: a package
+    both pin must have one version (else the second install silently changes the first)."""
+    from tests.images.test_gpu_image import pins
+
+    locks = ("requirements.lock", "requirements-gpu.lock", "requirements-gpu-build.lock")
+    base, gpu, build = (pins(f) for f in locks)
+    for name, version in gpu.items():
+        assert base.get(name, version) == version, (name, base[name], version)
+    for name, version in build.items():
+        assert gpu.get(name, version) == version, (name, gpu[name], version)
+    for name in ("torch", "flashinfer-python", "cupy-cuda13x", "nvidia-ml-py"):
+        assert name in gpu, name
+    # nvcc compiles for the CUDA torch was built with (13.0)
+    torch_cuda = base["nvidia-cuda-runtime"].split(".")[:2]
+    assert build["nvidia-cuda-nvcc"].split(".")[:2] == torch_cuda
+
+
+def test_flashinfer_kernels_built_in_are_those_the_engine_runs() -> None:
+    import importlib.util
+
+    import torch
+
+    from epd_engine.model import attention_flashinfer, flashinfer_plan
+
+    spec = importlib.util.spec_from_file_location("aot", ROOT / "tools/images/flashinfer_aot.py")
+    assert spec is not None and spec.loader is not None
+    aot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aot)
+    # head size 128 only (the other sizes get torch attention in the image, with the reason):
+    # every supported family's, the 7B preset's among them
+    from epd_engine.model.presets import LLAVA_15_7B
+
+    text = LLAVA_15_7B.text_config
+    assert text["hidden_size"] // text["num_attention_heads"] in aot.HEAD_DIMS
+    assert set(aot.HEAD_DIMS) <= set(flashinfer_plan.SUPPORTED_HEAD_DIMS)
+    assert tuple(getattr(torch, d) for d in aot.DTYPES) == flashinfer_plan.SUPPORTED_DTYPES
+    assert attention_flashinfer.PREFILL_BACKEND == "fa2"  # the only prefill backend built
+    assert attention_flashinfer.KV_LAYOUT == "NHD"

@@ -65,6 +65,11 @@ step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer
 # Served tokens/s through one instance's OpenAI endpoint against transformers' generate, 7B
 # shape, random weights (the checkpoint is written first, as for profile-costs below).
 step make-7b 120 $PY -m epd_engine make-model --preset llava-1.5-7b /tmp/llava-1.5-7b
+# The GPU image's FlashInfer (issue 30): its kernels built ahead of time (.fi/aot.tgz from the
+# image by tools/images/export_aot.sh, else built here by the image's script), then one cold
+# instance on the 7B shape with FlashInfer's JIT off and an empty HOME: start -> ready and time
+# to first token, nothing compiled ($OUT/aot-cold-start.json; docs/gpu.md, "The GPU image").
+TAIL=30 step aot-cold-start 420 $PY tools/gpu/aot_cold_start.py --model /tmp/llava-1.5-7b
 TAIL=40 step served 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
   --device cuda --batches 1 8 32 128 --rounds 3 --new-tokens 64 \
   --server-log "$OUT/served-server.log" --out "$OUT/served-gpu.json" ${SERVED_ARGS:-}

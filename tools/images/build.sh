@@ -3,7 +3,8 @@
 # debootstrap, both Dockerfiles built on it with buildah (vfs storage, chroot isolation), and
 # each image written as a docker-archive that `ctr -n k8s.io images import` accepts.
 #
-#   tools/images/build.sh [operator|engine ...]     # default: operator engine
+#   tools/images/build.sh [operator|engine|engine-gpu ...]     # default: operator engine
+# engine-gpu is docker/engine.Dockerfile with VARIANT=gpu (`make images-gpu`).
 #   needs: apt-get install -y buildah debootstrap   (Debian bookworm packages)
 #
 # Archives and timings go to $EPD_IMAGES_DIR (default ~/.cache/epd-operator/images, outside
@@ -53,8 +54,10 @@ images=("$@")
 for image in "${images[@]}"; do
   start=$SECONDS
   # --layers: an unchanged step (the dependency install above all) comes from the cache.
-  "${bh[@]}" build --layers --isolation chroot --build-arg "BASE=$base" \
-    -f "$root/docker/$image.Dockerfile" -t "epd-$image:$tag" "$root"
+  dockerfile=$image variant=()
+  if [[ $image == *-gpu ]]; then dockerfile=${image%-gpu} variant=(--build-arg VARIANT=gpu); fi
+  "${bh[@]}" build --layers --isolation chroot --build-arg "BASE=$base" "${variant[@]}" \
+    -f "$root/docker/$dockerfile.Dockerfile" -t "epd-$image:$tag" "$root"
   archive="$out/epd-$image-$tag.tar"
   id="$("${bh[@]}" inspect --type image --format '{{.FromImageID}}' "epd-$image:$tag")"
   if [[ -s $archive && "$(cat "$archive.id" 2>/dev/null)" == "$id" ]]; then
@@ -64,5 +67,6 @@ for image in "${images[@]}"; do
     "${bh[@]}" push "epd-$image:$tag" "docker-archive:$archive:epd-$image:$tag"
     echo "$id" >"$archive.id"
   fi
-  echo "epd-$image:$tag: $((SECONDS - start)) s -> $archive" | tee -a "$timings"
+  echo "epd-$image:$tag: $((SECONDS - start)) s -> $archive ($(du -m "$archive" | cut -f1) MB)" \
+    | tee -a "$timings"
 done

@@ -1,9 +1,10 @@
 """Which attention backend an engine runs: ``auto`` (default), ``torch`` or ``flashinfer``.
 
-``auto`` picks FlashInfer on a CUDA device when ``import flashinfer`` works and the model's
-head size and dtype are ones its kernels are built for; otherwise torch SDPA, with one log
-line saying why. torch is the CPU backend. An explicit ``flashinfer`` that cannot run is
-an error naming the reason, never a silent fallback.
+``auto`` picks FlashInfer on a CUDA device when ``import flashinfer`` works, the model's
+head size and dtype are ones its kernels are built for, and those kernels are here (built
+ahead of time, or nvcc to compile them: ``flashinfer_kernels.py``); otherwise torch SDPA,
+with one log line saying why. torch is the CPU backend. An explicit ``flashinfer`` that
+cannot run is an error naming the reason, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from epd_engine.config import ATTENTION_BACKENDS
 from epd_engine.model.attention import AttentionBackend
 from epd_engine.model.attention_torch import TorchPagedAttention
+from epd_engine.model.flashinfer_kernels import missing_kernels_reason
 from epd_engine.model.flashinfer_plan import unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ def select_attention_backend(
     dtype: torch.dtype,
     head_dim: int,
     import_error: Callable[[], str | None] = flashinfer_import_error,
+    kernels_error: Callable[[int, torch.dtype], str | None] = missing_kernels_reason,
 ) -> str:
     """``"torch"`` or ``"flashinfer"`` for ``requested`` on ``device``; raises ValueError
     when ``flashinfer`` is requested and cannot run."""
@@ -55,6 +58,8 @@ def select_attention_backend(
         reason = f"the model has {unsupported}" if unsupported else None
     if reason is None:
         reason = import_error()
+    if reason is None:
+        reason = kernels_error(head_dim, dtype)
     if reason is None:
         log.info(
             "attention backend: flashinfer (%s)", "requested" if requested != "auto" else "auto"

@@ -89,3 +89,21 @@ def test_config_and_serve_flags():
     )
     config = serve.engine_config(args)
     assert (config.attention_backend, config.cuda_graphs) == ("flashinfer", False)
+
+
+def no_kernels(head_dim: int, dtype: torch.dtype) -> str:
+    return f"FlashInfer's kernels for head_dim {head_dim} {dtype} are not built in (x missing)"
+
+
+def test_flashinfer_without_its_kernels_falls_back_or_is_refused(caplog):
+    """The GPU image builds head size 128 only and has no nvcc: another head size must not
+    pick FlashInfer and fail at the first step (flashinfer_kernels.py; tests/images/
+    test_gpu_image.py runs the real check inside the image)."""
+    with caplog.at_level(logging.INFO, logger="epd_engine.model.attention_select"):
+        picked = select_attention_backend("cuda", "auto", FP16, 64, importable, no_kernels)
+    assert picked == "torch"
+    assert "not built in" in caplog.records[-1].getMessage()
+    with pytest.raises(ValueError, match=r"head_dim 64 .* not built in"):
+        select_attention_backend("cuda", "flashinfer", FP16, 64, importable, no_kernels)
+    has_kernels = select_attention_backend("cuda", "auto", FP16, 128, importable, lambda h, d: None)
+    assert has_kernels == "flashinfer"
