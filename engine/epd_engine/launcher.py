@@ -24,6 +24,7 @@ import httpx
 from epd_engine.config import internal_token, internal_token_set
 from epd_engine.contracts.gpu_placement import local_gpu_slots
 from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags, slo_flags
 from epd_engine.local.ports import free_port
 from epd_engine.local.state_file import read_state, remove_state, write_state
 from epd_engine.local.tcp_balancer import TcpBalancer
@@ -108,27 +109,22 @@ def instances(spec: LaunchSpec) -> list[InstanceSpec]:
         budgets = spec.plan.budgets.get(role)
         for index in range(count):
             port = free_port()
-            args = [
-                "serve",
-                "--model", str(spec.model_dir),
-                "--served-model-name", spec.model_name,
-                "--role", role.value,
-                "--pool", pool,
-                "--instance-id", f"{pool}-{index}",
-                "--host", spec.host,
-                "--port", str(port),
-                "--router-url", ",".join(spec.router_urls),
-                "--dtype", spec.dtype,
-                "--device", spec.device,
-                "--slo-ttft", str(spec.slo_ttft_s),
-                "--slo-tpot", str(spec.slo_tpot_s),
-                "--log-level", "warning",
-            ]  # fmt: skip
-            if budgets is not None:
-                args += ["--token-budget", str(budgets.token_budget)]
-                args += ["--image-budget", str(budgets.image_budget)]
             name = f"{pool}-{index}"
-            args += spec.engine_args
+            args = ServeCommand(
+                model=str(spec.model_dir),
+                served_model_name=spec.model_name,
+                role=role,
+                pool=pool,
+                instance_id=name,
+                host=spec.host,
+                port=port,
+                router=("--router-url", ",".join(spec.router_urls)),
+                dtype=spec.dtype,
+                device=spec.device,
+                settings=[*slo_flags(spec.slo_ttft_s, spec.slo_tpot_s), "--log-level", "warning"],
+                budgets=plan_budget_flags(budgets),
+                extra=spec.engine_args,
+            ).argv()
             env: dict[str, str] = {}
             if slots is not None:
                 placement = slots.acquire(name)

@@ -95,6 +95,7 @@ def _model_dir(args: argparse.Namespace, deployment) -> Path:
 
 def run_up(args: argparse.Namespace) -> int:
     from epd_engine.launcher import LaunchSpec, LocalSystem
+    from epd_operator.rollout.serve_settings import cache_settings
 
     deployment, plan = _load(args)
     if _reconciled(args, deployment):
@@ -121,16 +122,7 @@ def run_up(args: argparse.Namespace) -> int:
         dtype="float32" if args.device == "cpu" else spec.model.dtype,
         device=args.device,
         gpu_memory_fraction=spec.engine.gpu_memory_fraction,
-        engine_args=[
-            "--kv-block-size",
-            str(spec.engine.kv_block_size),
-            *spec.engine.kv_cache_args(),
-            "--num-image-blocks",
-            str(spec.engine.num_image_blocks),
-            "--transfer-backend",
-            spec.engine.transfer_backend,
-            *spec.engine.extra_args,
-        ],
+        engine_args=[*cache_settings(spec), *spec.engine.extra_args],
     )
     if args.detach:
         return _detach(args, launch.run_dir)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags
 from epd_operator.api.spec import Toleration
 from epd_operator.kube.names import (
     ENGINE_PORT,
@@ -31,6 +32,7 @@ from epd_operator.kube.names import (
     secret_name,
 )
 from epd_operator.rollout.pool_identity import Owner, PoolSpec
+from epd_operator.rollout.serve_settings import engine_settings
 
 RUN_AS_USER = 10001  # the images' user (docker/*.Dockerfile)
 TMP_DIR = "/tmp"
@@ -183,37 +185,30 @@ def engine_args(owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]
     spec = owner.spec
     engine = spec.engine
     role = engine.role_pod(pool.role, spec.gpu_resource_name)
-    args = [
-        "serve",
-        "--model", model_dir(owner),
-        "--role", pool.role.value,
-        "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT),
-        *router_args,
-        "--pool", pool.name,
-        "--dtype", spec.model.dtype,
-        "--device", "cuda" if role.gpus_per_instance > 0 else "cpu",
-        "--kv-block-size", str(engine.kv_block_size),
-        *engine.kv_cache_args(),
-        "--num-image-blocks", str(engine.num_image_blocks),
-        "--served-model-name", spec.model.name,
-        "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
-        "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
-        "--transfer-backend", engine.transfer_backend,
-        # Peers and the router reach each replica at its own pod IP, under its pod name;
-        # Kubernetes expands $(VAR) in args from the container's env (_pod_identity_env).
+    pod_settings = [
+        # Peers and the router reach each replica at its own pod IP; Kubernetes expands
+        # $(VAR) in args from the container's env (_pod_identity_env).
         "--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}",
-        "--instance-id", "$(POD_NAME)",
         # SIGTERM: leave routing, finish in-flight requests, then exit within the grace period
         "--drain-timeout", str(engine.drain_timeout_s),
     ]  # fmt: skip
     if spec.model.source.preset is not None:
-        args += ["--preset", spec.model.source.preset]
-    budgets = plan.budgets.get(pool.role)
-    if budgets is not None:
-        args += ["--image-budget", str(budgets.image_budget)]
-        args += ["--token-budget", str(budgets.token_budget)]
-    return args + role.extra_args
+        pod_settings += ["--preset", spec.model.source.preset]
+    return ServeCommand(
+        model=model_dir(owner),
+        served_model_name=spec.model.name,
+        role=pool.role,
+        pool=pool.name,
+        instance_id="$(POD_NAME)",
+        host="0.0.0.0",
+        port=ENGINE_PORT,
+        router=router_args,
+        dtype=spec.model.dtype,
+        device="cuda" if role.gpus_per_instance > 0 else "cpu",
+        settings=[*engine_settings(spec), *pod_settings],
+        budgets=plan_budget_flags(plan.budgets.get(pool.role)),
+        extra=role.extra_args,
+    ).argv()
 
 
 def _env(owner: Owner, tmp_env: list[dict[str, Any]]) -> list[dict[str, Any]]:

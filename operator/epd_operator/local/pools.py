@@ -20,6 +20,11 @@ import httpx
 
 from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots
+from epd_engine.contracts.serve_args import (
+    SEARCHED_BUDGET_FLAGS,
+    ServeCommand,
+    searched_budget_flags,
+)
 from epd_engine.local.ports import free_port
 from epd_operator.local import start_priority
 from epd_operator.rollout.pool_identity import PoolSpec
@@ -48,8 +53,6 @@ class LocalEngines:
         return self.router_urls or (self.router_url,)
 
 
-# what an engine searched at start-up -> the flag that gives it to the next one
-_BUDGET_FLAGS = {"token_budget": "--token-budget", "image_token_budget": "--image-token-budget"}
 # what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO, caches)
 BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
 
@@ -186,7 +189,7 @@ class LocalPools:
             searched = {
                 str(k): int(v)
                 for k, v in body.get("searched_budgets", {}).items()
-                if k in _BUDGET_FLAGS and int(v) >= 1
+                if k in SEARCHED_BUDGET_FLAGS and int(v) >= 1
             }
             return phases, searched
         except (httpx.HTTPError, ValueError, AttributeError, TypeError):
@@ -196,24 +199,20 @@ class LocalPools:
         """``epdctl serve`` arguments of one replica; budgets another instance of this role
         searched with the same settings are passed instead of searching again."""
         e = self.engines
-        args = [
-            "serve",
-            "--model", str(e.model_dir),
-            "--served-model-name", e.model_name,
-            "--role", pool.role.value,
-            "--pool", pool.name,
-            "--instance-id", instance_id,
-            "--host", e.host,
-            "--port", str(port),
-            "--router-url", ",".join(e.replica_urls),
-            "--dtype", e.dtype,
-            "--device", e.device,
-            "--log-level", "warning",
-            *e.engine_args,
-        ]  # fmt: skip
-        for name, value in sorted(self.searched_budgets.get(budget_key(pool.role, e), {}).items()):
-            args += [_BUDGET_FLAGS[name], str(value)]
-        return args
+        return ServeCommand(
+            model=str(e.model_dir),
+            served_model_name=e.model_name,
+            role=pool.role,
+            pool=pool.name,
+            instance_id=instance_id,
+            host=e.host,
+            port=port,
+            router=("--router-url", ",".join(e.replica_urls)),
+            dtype=e.dtype,
+            device=e.device,
+            settings=("--log-level", "warning", *e.engine_args),
+            budgets=searched_budget_flags(self.searched_budgets.get(budget_key(pool.role, e), {})),
+        ).argv()
 
     def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
         e = self.engines

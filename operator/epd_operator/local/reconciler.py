@@ -33,22 +33,14 @@ from epd_operator.rollout.driver import RolloutState, rollout_pass
 from epd_operator.rollout.pool_identity import Owner, pool_specs
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
+from epd_operator.rollout.serve_settings import engine_settings
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
 
 def engine_args(spec: EPDDeploymentSpec) -> tuple[str, ...]:
     """What every local engine process of ``spec`` gets (``epdctl serve`` flags)."""
-    e = spec.engine
-    return (
-        "--kv-block-size", str(e.kv_block_size),
-        *e.kv_cache_args(),
-        "--num-image-blocks", str(e.num_image_blocks),
-        "--transfer-backend", e.transfer_backend,
-        "--slo-ttft", f"{spec.slo.ttft_milliseconds / 1000:g}",
-        "--slo-tpot", f"{spec.slo.tpot_milliseconds / 1000:g}",
-        *e.extra_args,
-    )  # fmt: skip
+    return (*engine_settings(spec), *spec.engine.extra_args)
 
 
 @dataclass
