@@ -109,6 +109,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     kv_block_size: int = 16  # tokens per KV page (HydraInfer)
+    # keep written KV pages, keyed by their prefix, for later requests (cache/kv_cache.py)
+    prefix_cache: bool = True
     # KV pages; None: 512 on CPU, on CUDA what ``gpu_memory_fraction`` of the card leaves
     # once the weights are loaded (kv_sizing.py)
     num_kv_blocks: int | None = None

@@ -73,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "splits it between instances placed on one GPU)",
     )
     p.add_argument("--kv-block-size", type=int, default=16)
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="do not keep KV pages for later requests with the same prefix (on by default)",
+    )
     p.add_argument("--num-image-blocks", type=int, default=64)
     p.add_argument(
         "--token-budget", type=int, help="tokens per iteration (default: searched against the SLO)"
@@ -178,6 +184,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             async_scheduling=args.async_scheduling,
             preprocess_workers=args.preprocess_workers,
             kv_block_size=args.kv_block_size,
+            prefix_cache=args.prefix_cache,
             num_kv_blocks=args.num_kv_blocks,
             gpu_memory_fraction=args.gpu_memory_fraction,
             dual_stream=args.dual_stream,

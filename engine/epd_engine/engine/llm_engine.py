@@ -19,6 +19,7 @@ from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.engine import startup
 from epd_engine.engine.inflight import InflightStep, resolve
+from epd_engine.engine.prefix_salt import prefix_salt
 from epd_engine.engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT
 from epd_engine.inputs.processor import PreparedPrompt
 from epd_engine.model.attention_select import attention_backend_for
@@ -137,7 +138,11 @@ class LLMEngine:
             dual_stream=config.dual_stream,
             cuda_graphs=config.cuda_graphs,
         )
-        kv = KVCacheManager(shape.num_kv_blocks, shape.kv_block_size) if language else None
+        kv = (
+            KVCacheManager(shape.num_kv_blocks, shape.kv_block_size, prefix_salt(config))
+            if language
+            else None
+        )
         images = (
             ImageCacheManager(shape.num_image_blocks, shape.image_block_tokens)
             if with_images

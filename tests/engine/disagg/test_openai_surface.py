@@ -87,6 +87,13 @@ def _cached(usage: Any) -> int:
     return int(usage.prompt_tokens_details.cached_tokens)
 
 
+def _after(text: str, *seeds: int) -> list[dict[str, Any]]:
+    """Images after a text of their own (a system message: the template puts a user turn's
+    images before its text): prompts that differ in it share no KV page, so only the encoder
+    cache can serve them."""
+    return [{"role": "system", "content": text}, image_message("Describe it.", *seeds)]
+
+
 @pytest.mark.parametrize("where", ["router", "instance"])
 def test_cached_tokens_count_images_found_in_the_encoder_cache(
     servers: Servers, where: str
@@ -95,11 +102,11 @@ def test_cached_tokens_count_images_found_in_the_encoder_cache(
     prompt tokens; a new image's and the text's are not."""
     client: openai.OpenAI = getattr(servers, where)
     seed = 100 if where == "router" else 200  # a picture neither server has seen
-    first = client.chat.completions.create(**_greedy([image_message("What is it?", seed)]))
+    first = client.chat.completions.create(**_greedy(_after("What is it?", seed)))
     assert _cached(first.usage) == 0
-    again = client.chat.completions.create(**_greedy([image_message("And now?", seed)]))
+    again = client.chat.completions.create(**_greedy(_after("And now?", seed)))
     assert _cached(again.usage) == IMAGE_TOKENS
-    two = client.chat.completions.create(**_greedy([image_message("Both?", seed, seed + 1)]))
+    two = client.chat.completions.create(**_greedy(_after("Both?", seed, seed + 1)))
     assert _cached(two.usage) == IMAGE_TOKENS  # one of the two was seen before
     text = client.chat.completions.create(**_greedy([{"role": "user", "content": "Hello."}]))
     assert _cached(text.usage) == 0
@@ -107,11 +114,34 @@ def test_cached_tokens_count_images_found_in_the_encoder_cache(
     stream = client.chat.completions.create(
         stream=True,
         stream_options={"include_usage": True},
-        **_greedy([image_message("Once more.", seed)]),
+        **_greedy(_after("Once more.", seed)),
     )
     usage = [chunk.usage for chunk in stream if chunk.usage is not None]
     assert len(usage) == 1 and _cached(usage[0]) == IMAGE_TOKENS
     assert usage[0].prompt_tokens > IMAGE_TOKENS
+
+
+@pytest.mark.parametrize("where", ["router", "instance"])
+def test_cached_tokens_count_the_previous_turn_found_in_the_prefix_cache(
+    servers: Servers, where: str
+) -> None:
+    """A conversation's second turn resends the first: the KV pages of the first turn's
+    prompt are found again (all but its last, partial pages) and counted as cached."""
+    client: openai.OpenAI = getattr(servers, where)
+    seed = 400 if where == "router" else 500
+    turn1: list[Any] = [
+        {"role": "system", "content": "You answer briefly and precisely, in one sentence."},
+        image_message("What is in the picture?", seed),
+    ]
+    first = client.chat.completions.create(**_greedy(turn1))
+    assert first.usage is not None and _cached(first.usage) == 0
+    answer = first.choices[0].message.content or ""
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+    second = client.chat.completions.create(**_greedy(turn2))
+    assert second.usage is not None
+    page = 16  # the KV page size (the default)
+    assert first.usage.prompt_tokens - 2 * page <= _cached(second.usage)
+    assert _cached(second.usage) < second.usage.prompt_tokens
 
 
 def test_multi_turn_conversation_matches_a_single_instance(servers: Servers) -> None:
