@@ -103,7 +103,9 @@ def test_pods_carry_env_volumes_shm_runtime_class_and_pass_through_objects() -> 
     assert pod["runtimeClassName"] == "nvidia"
     assert pod["priorityClassName"] == "inference-high"
     assert pod["imagePullSecrets"] == [{"name": "registry"}]
-    assert pod["affinity"] == GPU_CLUSTER_ENGINE["affinity"]
+    # the spec's affinity whole, with the preference for D's nodes beside it (P's partners:
+    # E's L4 selector excludes the H100 nodes; tests/operator/test_partner_affinity.py)
+    assert pod["affinity"]["nodeAffinity"] == GPU_CLUSTER_ENGINE["affinity"]["nodeAffinity"]
     assert pod["topologySpreadConstraints"] == GPU_CLUSTER_ENGINE["topologySpreadConstraints"]
     assert pod["terminationGracePeriodSeconds"] == 120
     assert template["metadata"]["labels"]["team"] == "vision"

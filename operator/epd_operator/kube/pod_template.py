@@ -3,7 +3,8 @@
 A pool's pods run ``epdctl serve`` as the pool's role with what the spec gives that role
 (``EngineSpec.role_pod``: image, GPUs, resources, placement, arguments) and what every engine
 pod gets (``PodSettings``: environment, extra volumes, ``/dev/shm``, runtime and priority
-class, pull secrets, labels, annotations, affinity, topology spread, grace period).
+class, pull secrets, labels, annotations, affinity, topology spread, grace period), and a
+preference for the nodes of the pools it exchanges caches with (``partner_affinity.py``).
 
 Everything here may change without a new pool name: the Deployment rolls its pods replica by
 replica (``update_strategy.py``) and each terminating engine drains first. What must not be
@@ -31,6 +32,7 @@ from epd_operator.kube.names import (
     labels,
     secret_name,
 )
+from epd_operator.kube.partner_affinity import partner_terms, with_partner_affinity
 from epd_operator.rollout.pool_identity import Owner, PoolSpec
 from epd_operator.rollout.serve_settings import engine_settings
 
@@ -228,14 +230,16 @@ def _volumes(owner: Owner, tmp_volume: dict[str, Any]) -> list[dict[str, Any]]:
     return [_model_volume(owner), {"name": "shm", "emptyDir": shm}, tmp_volume, *extra]
 
 
-def _pod_extras(owner: Owner, pod_spec: dict[str, Any]) -> None:
-    """Pod-level settings passed through when set (left out otherwise)."""
+def _pod_extras(owner: Owner, pool: PoolSpec, plan: Plan, pod_spec: dict[str, Any]) -> None:
+    """Pod-level settings passed through when set (left out otherwise); the affinity gets the
+    preference for cache partners' nodes (partner_affinity.py)."""
     engine = owner.spec.engine
+    affinity = with_partner_affinity(engine.affinity, partner_terms(owner, plan, pool.role))
     optional = {
         "runtimeClassName": engine.runtime_class_name,
         "priorityClassName": engine.priority_class_name,
         "imagePullSecrets": pull_secrets(owner),
-        "affinity": engine.affinity,
+        "affinity": affinity,
         "topologySpreadConstraints": list(engine.topology_spread_constraints),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
@@ -288,7 +292,7 @@ def engine_pod_template(
         "enableServiceLinks": False,
     }
     place(pod_spec, role.node_selector, role.tolerations)
-    _pod_extras(owner, pod_spec)
+    _pod_extras(owner, pool, plan, pod_spec)
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
     annotations = {
         "prometheus.io/scrape": "true",
