@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from epd_engine.local.ports import free_port
 from epd_operator.kube import operator_metrics as m
-from tests.operator.test_router_api import _free_port
 
 
 def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -19,7 +19,7 @@ def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 
 def test_reconciles_decisions_planner_time_and_one_rollout_phase_per_object() -> None:
-    port = _free_port()
+    port = free_port()
     m.serve(port)
     m.RECONCILES.labels("ns", "llava", "ok").inc()
     m.DECISIONS.labels("ns", "llava", "KeptCurrentPlan").inc()

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.switch_drill import ENGINE_ARGS, MODEL_NAME, SEQUENCE, report, run_drill
+from epd_engine.local.ports import free_port
 from epd_operator.local.pools import LocalEngines
-from tests.operator.test_router_api import _free_port, _wait_live
+from tests.operator.test_router_api import _wait_live
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def engines(tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalEngines]:
     token = secrets.token_hex(8)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "epd_engine", "router", "--model", MODEL_NAME,
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
