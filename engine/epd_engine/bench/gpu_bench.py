@@ -91,7 +91,7 @@ def run_gpu_bench(cfg: GpuBenchConfig, progress: Any = print) -> dict[str, Any]:
     runner = ModelRunner(
         vision, language,
         CacheShape(num_blocks, BLOCK, 2 * cfg.encode_batch, model_config.image_page_tokens,
-                   model_config.hidden_size),
+                   model_config.image_row_size),
         dtype, cfg.device, with_image_cache=True, max_decode_seqs=max_batch,
         max_model_len=pages_per_seq * BLOCK, cuda_graphs=cfg.device == "cuda",
     )  # fmt: skip

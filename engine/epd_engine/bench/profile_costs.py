@@ -104,7 +104,7 @@ class RunnerProbe:
             kv_block_size=config.kv_block_size,
             num_image_blocks=config.num_image_blocks,
             image_block_tokens=self.model.image_page_tokens,
-            hidden_size=self.model.hidden_size,
+            image_row_size=self.model.image_row_size,
         )
         self.max_context = min(
             self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
@@ -288,7 +288,7 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
     bytes_per = _BYTES[config.dtype]
     links = measure_links(model, config.dtype, config.kv_layers_per_group, config.show_progress)
     migration = MigrationCoeffs(
-        image_bytes_per_token=model.hidden_size * bytes_per,
+        image_bytes_per_token=model.image_row_size * bytes_per,
         kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads * model.head_dim * bytes_per,
         kv_transfers=-(-model.num_layers // config.kv_layers_per_group),
     )

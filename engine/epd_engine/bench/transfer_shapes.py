@@ -87,7 +87,7 @@ def shape_of(
         head_dim=model.head_dim,
         num_image_pages=1,
         image_tokens=model.image_page_tokens,
-        hidden=model.hidden_size,
+        hidden=model.image_row_size,  # Qwen3-VL: the DeepStack levels ride in the row
         dtype=dtype,
     )
     return TransferShape(name, spec, num_tokens, layers_per_group)

@@ -15,6 +15,8 @@ PRESET_NAMES = (
     "qwen2-vl-7b",
     "tiny-qwen2.5-vl",
     "qwen2.5-vl-7b",
+    "tiny-qwen3-vl",
+    "qwen3-vl-8b",
 )
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -25,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write a random-weight checkpoint (config, safetensors, tokenizer, processor)",
         description=(
             "Write a random-weight checkpoint in hub layout (LLaVA-1.5: llava-hf/llava-1.5-7b-hf; "
-            "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct; Qwen2.5-VL: Qwen/Qwen2.5-VL-7B-Instruct), "
+            "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct; Qwen2.5-VL: Qwen/Qwen2.5-VL-7B-Instruct; "
+            "Qwen3-VL: Qwen/Qwen3-VL-8B-Instruct), "
             "loadable by the engine and by transformers. "
             "No download."
         ),

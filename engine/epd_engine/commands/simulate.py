@@ -27,7 +27,7 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
         "--cost-model",
         default="reference",
         help="cost model JSON from `epdctl profile-costs`, or 'reference' (synthetic "
-        "LLaVA-1.5-7B on an H800-class GPU; default)",
+        "LLaVA-1.5-7B on an H800-class GPU; default) or 'reference:qwen3-vl-8b'",
     )
     parser.add_argument(
         "--transfer-backend",
@@ -64,8 +64,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
         raise UserError("give a trace (--trace FILE) or a workload (--workload NAME --rate R)")
     try:
         cost = (
-            reference_cost_model()
-            if args.cost_model == "reference"
+            reference_cost_model(args.cost_model.partition(":")[2] or "llava-1.5-7b")
+            if args.cost_model.partition(":")[0] == "reference"
             else load_cost_model(args.cost_model)
         ).for_backend(args.transfer_backend)
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, attainment=args.attainment)

@@ -123,7 +123,7 @@ class LLMEngine:
             kv_block_size=config.kv_block_size,
             num_image_blocks=config.num_image_blocks,
             image_block_tokens=self.model_config.image_page_tokens,
-            hidden_size=self.model_config.hidden_size,
+            image_row_size=self.model_config.image_row_size,
         )
         self.runner = ModelRunner(
             vision,

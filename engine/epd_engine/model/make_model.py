@@ -1,5 +1,6 @@
 """Write a random-weight checkpoint in a family's hub layout (LLaVA: the layout of
-``llava-hf/llava-1.5-7b-hf``; Qwen2-VL: ``Qwen/Qwen2-VL-7B-Instruct``).
+``llava-hf/llava-1.5-7b-hf``; Qwen2-VL: ``Qwen/Qwen2-VL-7B-Instruct``; Qwen3-VL:
+``Qwen/Qwen3-VL-8B-Instruct``).
 
 Weights are generated shard by shard (only one shard in memory); values per tensor come
 from ``make_specs.random_tensor``.
@@ -30,9 +31,16 @@ from epd_engine.model.presets import PRESETS, LlavaPreset
 from epd_engine.model.qwen2_vl_files import write_qwen2_vl_files
 from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS, Qwen2VLPreset
 from epd_engine.model.qwen2_vl_preset import tensor_specs as qwen2_vl_tensor_specs
+from epd_engine.model.qwen3_vl_files import write_qwen3_vl_files
+from epd_engine.model.qwen3_vl_preset import QWEN3_VL_PRESETS, Qwen3VLPreset
+from epd_engine.model.qwen3_vl_preset import tensor_specs as qwen3_vl_tensor_specs
 
 __all__ = ["ALL_PRESETS", "make_model", "plan_shards", "tensor_specs"]
-ALL_PRESETS: dict[str, LlavaPreset | Qwen2VLPreset] = {**PRESETS, **QWEN2_VL_PRESETS}
+ALL_PRESETS: dict[str, LlavaPreset | Qwen2VLPreset | Qwen3VLPreset] = {
+    **PRESETS,
+    **QWEN2_VL_PRESETS,
+    **QWEN3_VL_PRESETS,
+}
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
@@ -111,7 +119,10 @@ def make_model(
     (out_dir / "config.json").write_text(
         json.dumps(spec_preset.hf_config(dtype_name), indent=2) + "\n"
     )
-    if isinstance(spec_preset, Qwen2VLPreset):
+    if isinstance(spec_preset, Qwen3VLPreset):
+        write_qwen3_vl_files(spec_preset, out_dir)
+        specs = qwen3_vl_tensor_specs(spec_preset)
+    elif isinstance(spec_preset, Qwen2VLPreset):
         write_qwen2_vl_files(spec_preset, out_dir)
         specs = qwen2_vl_tensor_specs(spec_preset)
     else:

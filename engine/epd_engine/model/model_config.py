@@ -122,6 +122,11 @@ class LlavaModelConfig:
     uses_mrope = False  # positions are the KV slots
 
     @property
+    def image_row_size(self) -> int:
+        """Values per image token in the image cache: the embedding alone."""
+        return self.hidden_size
+
+    @property
     def fixed_image_tokens(self) -> int | None:
         """Tokens every image takes (the cost model charges images at it)."""
         return self.num_image_tokens

@@ -65,14 +65,35 @@ class MRopeTables:
 
     @classmethod
     def build(
-        cls, head_dim: int, rope_theta: float, mrope_section: Sequence[int], device: torch.device
+        cls,
+        head_dim: int,
+        rope_theta: float,
+        mrope_section: Sequence[int],
+        device: torch.device,
+        interleaved: bool = False,
     ) -> MRopeTables:
+        """``interleaved`` (Qwen3-VL): pairs take t, h, w in turn (``[THWTHW...TT]``, pair
+        ``j`` reads stream ``j % 3`` while that stream has pairs left), else the sections
+        are contiguous (Qwen2-VL: ``[TT..HH..WW..]``)."""
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float()
         inv_freq = 1.0 / (rope_theta ** (exponents / head_dim))
-        stream = torch.cat(
-            [torch.full((n,), i, dtype=torch.long) for i, n in enumerate(mrope_section)]
-        )
+        if interleaved:
+            stream = interleaved_streams(mrope_section)
+        else:
+            stream = torch.cat(
+                [torch.full((n,), i, dtype=torch.long) for i, n in enumerate(mrope_section)]
+            )
         return cls(inv_freq.to(device), stream.to(device))
+
+
+def interleaved_streams(mrope_section: Sequence[int]) -> torch.Tensor:  # [D/2] int64
+    """transformers' ``apply_interleaved_mrope``: start from all-t, then pairs
+    ``1, 4, 7, ...`` below ``3 * section[1]`` read h and ``2, 5, 8, ...`` below
+    ``3 * section[2]`` read w."""
+    stream = torch.zeros(sum(mrope_section), dtype=torch.long)
+    for dim in (1, 2):
+        stream[dim : 3 * mrope_section[dim] : 3] = dim
+    return stream
 
 
 def mrope_cos_sin(

@@ -13,6 +13,7 @@ blocks, an RMSNorm merger, and window attention (``window_order``) in all blocks
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from epd_engine.model.layers import RMSNorm, SwiGLUMLP, activation, apply_rope
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.mrope import Grid, MRopeTables, mrope_cos_sin
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
+from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
 
 
@@ -158,6 +160,19 @@ def vision_rotary_positions(grids: Sequence[Grid], merge: int) -> torch.Tensor:
     return torch.cat(rows)
 
 
+def vision_rotary(
+    head_dim: int, merge: int, grids: Sequence[Grid], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """2-D rotary tables ``[P, Dv]`` (float32): half the pairs rotate by row, half by column
+    (Qwen2-VL, Qwen2.5-VL and Qwen3-VL alike)."""
+    dim = head_dim // 2
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    pos = vision_rotary_positions(grids, merge)  # [P, 2]
+    freqs = (pos.float()[:, :, None] * inv_freq).flatten(1)  # [P, Dv/2]
+    angles = torch.cat((freqs, freqs), dim=-1).to(device)  # [P, Dv]
+    return angles.cos(), angles.sin()
+
+
 def _regroup(x: torch.Tensor, order: torch.Tensor, unit: int) -> torch.Tensor:
     """Rows of ``x`` ``[P, ...]`` in merge groups of ``unit``, groups taken in ``order``."""
     return x.view(x.shape[0] // unit, unit, -1)[order].flatten(0, 1)
@@ -200,13 +215,8 @@ class Qwen2VLVision(nn.Module):
         return t * h * w // self.config.merge_unit
 
     def rotary(self, grids: Sequence[Grid], device: torch.device) -> tuple[torch.Tensor, ...]:
-        """2-D rotary tables ``[P, Dv]`` (float32): half the pairs rotate by row, half by column."""
-        dim = self.config.vision.head_dim // 2
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        pos = vision_rotary_positions(grids, self.config.vision.spatial_merge_size)  # [P, 2]
-        freqs = (pos.float()[:, :, None] * inv_freq).flatten(1)  # [P, Dv/2]
-        angles = torch.cat((freqs, freqs), dim=-1).to(device)  # [P, Dv]
-        return angles.cos(), angles.sin()
+        vc = self.config.vision
+        return vision_rotary(vc.head_dim, vc.spatial_merge_size, grids, device)
 
     def encode_images(self, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
         """One ``[h, w, C*t*p*p]`` patch grid per image (``processor.py``'s form) -> one
@@ -303,17 +313,25 @@ class Qwen2DecoderLayer(nn.Module):
 class Qwen2VLLanguage(nn.Module):
     """Qwen2 decoder + LM head; ``forward`` takes M-RoPE positions ``[3, T]`` (or ``[T]``)."""
 
-    def __init__(self, config: Qwen2VLModelConfig, attention: AttentionBackend | None = None):
+    def __init__(
+        self,
+        config: Qwen2VLModelConfig | Qwen3VLModelConfig,
+        attention: AttentionBackend | None = None,
+    ):
         super().__init__()
         self.config = config
         self.attention: AttentionBackend = attention or TorchPagedAttention()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            Qwen2DecoderLayer(config, self.attention) for _ in range(config.num_layers)
+            self._make_layer(config, self.attention) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._rope_tables: MRopeTables | None = None
+
+    def _make_layer(self, config: Any, attention: AttentionBackend) -> nn.Module:
+        """One decoder layer (Qwen3-VL's adds q/k norms)."""
+        return Qwen2DecoderLayer(config, attention)
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
         return self.attention.prepare(batch, self.embed_tokens.weight.device)
@@ -324,7 +342,11 @@ class Qwen2VLLanguage(nn.Module):
         if self._rope_tables is None or self._rope_tables.inv_freq.device != device:
             config = self.config
             self._rope_tables = MRopeTables.build(
-                config.head_dim, config.rope_theta, config.mrope_section, device
+                config.head_dim,
+                config.rope_theta,
+                config.mrope_section,
+                device,
+                interleaved=getattr(config, "mrope_interleaved", False),
             )
         return self._rope_tables
 

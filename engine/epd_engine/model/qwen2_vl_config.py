@@ -128,6 +128,12 @@ class Qwen2VLModelConfig:
         return IMAGE_PAGE_TOKENS
 
     uses_mrope = True  # three position streams, decoupled from the KV slots
+
+    @property
+    def image_row_size(self) -> int:
+        """Values per image token in the image cache: the embedding alone."""
+        return self.hidden_size
+
     fixed_image_tokens = None  # by resolution: the cost model reads each image's from the trace
 
     @property

@@ -9,6 +9,7 @@ special tokens are appended. The files are what ``Qwen/Qwen2-VL-7B-Instruct`` sh
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from epd_engine.model.make_tokenizer import corpus_lines, pad_vocab
 from epd_engine.model.qwen2_vl_preset import IMAGE_MEAN, IMAGE_STD, SPECIAL_TOKENS, Qwen2VLPreset
+from epd_engine.model.qwen3_vl_preset import Qwen3VLPreset
 
 # Qwen2-VL-7B-Instruct's chat template (images and videos; default system prompt).
 CHAT_TEMPLATE = (
@@ -38,8 +40,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(preset: Qwen2VLPreset) -> Tokenizer:
-    """Byte-level BPE of ``base_vocab_size`` tokens, then Qwen2's special tokens."""
+def build_tokenizer(
+    preset: Qwen2VLPreset | Qwen3VLPreset, specials: Sequence[str] = SPECIAL_TOKENS
+) -> Tokenizer:
+    """Byte-level BPE of ``base_vocab_size`` tokens, then the family's special tokens."""
     base_vocab = preset.base_vocab_size
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -53,9 +57,9 @@ def build_tokenizer(preset: Qwen2VLPreset) -> Tokenizer:
     tokenizer.train_from_iterator(lines, trainer)
     tokenizer = pad_vocab(tokenizer, base_vocab)
     tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
+        [AddedToken(token, special=True, normalized=False) for token in specials]
     )
-    for token in SPECIAL_TOKENS:
+    for token in specials:
         if tokenizer.token_to_id(token) != preset.token_id(token):
             raise AssertionError(f"{token} got id {tokenizer.token_to_id(token)}")
     return tokenizer
@@ -77,7 +81,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
         for tok in SPECIAL_TOKENS
     }
     specials = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-    _write_json(
+    write_json(
         out_dir / "tokenizer_config.json",
         {
             "tokenizer_class": "Qwen2Tokenizer",
@@ -95,10 +99,10 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
             "processor_class": preset.processor_class,
         },
     )
-    _write_json(out_dir / "special_tokens_map.json", specials)
-    _write_json(out_dir / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    write_json(out_dir / "special_tokens_map.json", specials)
+    write_json(out_dir / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     vc = preset.vision_config
-    _write_json(
+    write_json(
         out_dir / "preprocessor_config.json",
         {
             "image_processor_type": "Qwen2VLImageProcessor",
@@ -119,7 +123,7 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
             "resample": 3,  # bicubic
         },
     )
-    _write_json(
+    write_json(
         out_dir / "generation_config.json",
         {
             "bos_token_id": preset.token_id("<|endoftext|>"),
@@ -129,5 +133,5 @@ def write_qwen2_vl_files(preset: Qwen2VLPreset, out_dir: Path) -> None:
     )
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

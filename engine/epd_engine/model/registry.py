@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 from epd_engine.contracts.image_grid import smart_resize
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError, read_json
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
+from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
 
 if TYPE_CHECKING:
     from epd_engine.model.mrope import MRopeState
 
-ModelConfig = LlavaModelConfig | Qwen2VLModelConfig
+ModelConfig = LlavaModelConfig | Qwen2VLModelConfig | Qwen3VLModelConfig
+DynamicResolutionConfig = Qwen2VLModelConfig | Qwen3VLModelConfig  # image_grid_thw families
 Skippable = Callable[[str], bool]
 RopeRule = Callable[[list[int], Sequence[Any]], "MRopeState"]  # (token ids, ImageRefs) -> state
 
@@ -54,7 +56,7 @@ class ModelFamily:
     name: str
     architectures: tuple[str, ...]  # config.json "architectures" values we accept
     model_type: str
-    config_class: type[LlavaModelConfig] | type[Qwen2VLModelConfig]
+    config_class: type[LlavaModelConfig] | type[Qwen2VLModelConfig] | type[Qwen3VLModelConfig]
     module: str  # dotted module holding the vision and language classes
     vision_class: str
     language_class: str
@@ -153,7 +155,7 @@ def _qwen2_vl_language_source(config: Any, param_name: str) -> str:
 
 
 def qwen2_vl_image_grid(
-    model_dir: Path, config: Qwen2VLModelConfig
+    model_dir: Path, config: DynamicResolutionConfig
 ) -> Callable[[int, int], tuple[int, int, int]]:
     """``(t, h, w)`` patches of a ``width x height`` image under the checkpoint's image
     processor bounds (its ``image_grid_thw``)."""
@@ -174,7 +176,7 @@ def qwen2_vl_image_grid(
 
 def _qwen2_vl_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[int, int], int]:
     """Tokens of a ``width x height`` image: its patches over ``merge ** 2``."""
-    assert isinstance(config, Qwen2VLModelConfig)
+    assert isinstance(config, Qwen2VLModelConfig | Qwen3VLModelConfig)
     grid = qwen2_vl_image_grid(model_dir, config)
 
     def tokens(width: int, height: int) -> int:
@@ -184,7 +186,7 @@ def _qwen2_vl_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[in
     return tokens
 
 
-def _qwen2_vl_rope(model_dir: Path, config: Qwen2VLModelConfig) -> RopeRule:
+def _qwen2_vl_rope(model_dir: Path, config: DynamicResolutionConfig) -> RopeRule:
     """A request's M-RoPE state from its prompt: each image's grid follows from its size
     (the processor's rule), so any instance recomputes it from the request alone."""
     grid_of = qwen2_vl_image_grid(model_dir, config)
@@ -242,7 +244,41 @@ QWEN2_5_VL = replace(
     presets=("tiny-qwen2.5-vl", "qwen2.5-vl-7b"),
 )
 
-FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL, QWEN2_5_VL)
+
+# ---- Qwen3-VL ---------------------------------------------------------------------------
+def _qwen3_vl_language_source(config: Any, param_name: str) -> str:
+    if param_name.startswith("lm_head."):
+        if config.tie_word_embeddings:
+            return "model.language_model.embed_tokens.weight"
+        return param_name
+    return "model.language_model." + param_name
+
+
+# Qwen3-VL: its own modules (DeepStack, q/k norms, interleaved M-RoPE); Qwen2-VL's image
+# rules (the same processor rule with 16-px patches, the same M-RoPE positions).
+QWEN3_VL = ModelFamily(
+    name="qwen3-vl",
+    architectures=("Qwen3VLForConditionalGeneration",),
+    model_type="qwen3_vl",
+    config_class=Qwen3VLModelConfig,
+    module="epd_engine.model.qwen3_vl",
+    vision_class="Qwen3VLVision",
+    language_class="Qwen3VLLanguage",
+    layout=CheckpointLayout(  # the release's names are transformers 4.57's: no aliases
+        vision_prefixes=("model.visual.",),
+        language_prefixes=("model.language_model.", "lm_head."),
+        aliases=(),
+        vision_source=lambda name: "model.visual." + name,
+        language_source=_qwen3_vl_language_source,
+        vision_skippable=lambda config: lambda name: False,
+    ),
+    image_tokens=_qwen2_vl_image_tokens,
+    processor=lambda model_dir: _qwen3_vl_processor(model_dir),
+    rope=lambda model_dir, config: _qwen2_vl_rope(model_dir, config),
+    presets=("tiny-qwen3-vl", "qwen3-vl-8b"),
+)
+
+FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
 
 def _auto_processor(model_dir: Path) -> Any:
@@ -255,6 +291,12 @@ def _qwen2_vl_processor(model_dir: Path) -> Any:
     from epd_engine.model.qwen2_vl_processor import load_qwen2_vl_processor
 
     return load_qwen2_vl_processor(model_dir)
+
+
+def _qwen3_vl_processor(model_dir: Path) -> Any:
+    from epd_engine.model.qwen3_vl_processor import load_qwen3_vl_processor
+
+    return load_qwen3_vl_processor(model_dir)
 
 
 def supported_architectures() -> list[str]:

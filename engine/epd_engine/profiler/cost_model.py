@@ -116,7 +116,7 @@ class MigrationCoeffs:
 
     latency_s: float = 0.002  # per transfer
     bytes_per_s: float = 1e9
-    image_bytes_per_token: int = 0  # hidden_size x dtype bytes
+    image_bytes_per_token: int = 0  # image-cache row (hidden x (1 + DeepStack levels)) x dtype
     kv_bytes_per_token: int = 0  # 2 x layers x kv_heads x head_dim x dtype bytes
     kv_transfers: int = 1  # layer groups per KV migration (ceil(layers / layers per group))
     # The engine's early hand-off: KV groups move while prefill runs, so only the last one is

@@ -1,7 +1,8 @@
 """Executes a SchedulerOutput on a device: encode images, run the LM over a ragged batch, sample.
 
 Owns the tensors behind the page tables: the per-layer KV cache and the image-embedding
-cache ``[num_image_blocks, image_block_tokens, hidden]``.
+cache ``[num_image_blocks, image_block_tokens, image_row_size]`` (a row: the token's
+embedding, then Qwen3-VL's DeepStack features, ``model/deepstack.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.decode_graphs import DecodeGraphs
+from epd_engine.model.deepstack import DeepStackRows, split_rows
 from epd_engine.model.graph_buckets import graph_buckets, graph_or_eager, graphs_off_reason
 from epd_engine.model.input_buffers import DecodeBuffers
 from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
+from epd_engine.model.qwen3_vl import Qwen3VLLanguage, Qwen3VLVision
 from epd_engine.request import PENDING_TOKEN
 from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
@@ -39,14 +42,14 @@ class CacheShape:
     kv_block_size: int
     num_image_blocks: int
     image_block_tokens: int
-    hidden_size: int
+    image_row_size: int  # values per image token: hidden size x (1 + DeepStack levels)
 
 
 class ModelRunner:
     def __init__(
         self,
-        vision: LlavaVision | Qwen2VLVision | None,
-        language: LlavaLanguage | Qwen2VLLanguage | None,
+        vision: LlavaVision | Qwen2VLVision | Qwen3VLVision | None,
+        language: LlavaLanguage | Qwen2VLLanguage | Qwen3VLLanguage | None,
         shape: CacheShape,
         dtype: torch.dtype,
         device: str,
@@ -77,9 +80,9 @@ class ModelRunner:
         )
         self.image_cache: torch.Tensor | None = None
         if with_image_cache:
-            self.image_cache = memory.zeros(  # [num_image_blocks, image_block_tokens, H]
+            self.image_cache = memory.zeros(  # [num_image_blocks, image_block_tokens, row]
                 "image",
-                (shape.num_image_blocks, shape.image_block_tokens, shape.hidden_size),
+                (shape.num_image_blocks, shape.image_block_tokens, shape.image_row_size),
                 dtype,
             )
         self.sampler = Sampler(self.device)
@@ -132,7 +135,7 @@ class ModelRunner:
             self.encode_stream.wrote([b for task in tasks for b in task.blocks])
 
     def write_image(self, blocks: list[int], embed: torch.Tensor) -> None:
-        """Scatter one image's rows ``[num_tokens, H]`` over its pages."""
+        """Scatter one image's rows ``[num_tokens, image_row_size]`` over its pages."""
         assert self.image_cache is not None
         block_tokens = self.shape.image_block_tokens
         for i, block in enumerate(blocks):
@@ -140,10 +143,10 @@ class ModelRunner:
             self.image_cache[block, : rows.shape[0]] = rows
 
     def read_image(self, blocks: list[int]) -> torch.Tensor:
-        """One image's pages as a flat ``[len(blocks) * block_tokens, H]`` view."""
+        """One image's pages as flat rows ``[len(blocks) * block_tokens, image_row_size]``."""
         assert self.image_cache is not None
         pages = self.image_cache[to_device(blocks, torch.long, self.device)]
-        return pages.reshape(-1, self.shape.hidden_size)
+        return pages.reshape(-1, self.shape.image_row_size)
 
     # ---- prefill + decode -------------------------------------------------------------
     @torch.inference_mode()
@@ -174,6 +177,9 @@ class ModelRunner:
         ids = torch.tensor(token_ids, dtype=torch.long).to(self.device, non_blocking=True)
         self._take_pending(ids, tasks)
         embeds = self.language.embed(ids)  # [T, H]
+        hidden_size = embeds.shape[1]
+        level_rows: list[int] = []  # DeepStack: the image tokens' rows and their features
+        levels: list[torch.Tensor] = []
         start = 0
         for task in tasks:
             for piece in task.image_slices:
@@ -181,13 +187,24 @@ class ModelRunner:
                 image = self.read_image(piece.blocks)
                 rows = image[piece.src_start : piece.src_start + piece.num_tokens]
                 dst = start + piece.dst_start
-                embeds[dst : dst + piece.num_tokens] = rows
+                image_embeds, features = split_rows(rows, hidden_size)
+                embeds[dst : dst + piece.num_tokens] = image_embeds
+                if features.shape[1]:
+                    level_rows.extend(range(dst, dst + piece.num_tokens))
+                    levels.append(features)
             start += task.num_tokens
         positions = meta.positions
         if self.language.config.uses_mrope:
             positions = _mrope_positions(tasks, rope_of or {}).to(self.device, non_blocking=True)
         self._mark_inputs_sent()
-        hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written)
+        if levels:
+            assert isinstance(self.language, Qwen3VLLanguage)
+            deepstack = DeepStackRows(to_device(level_rows, torch.long, self.device),
+                                      torch.cat(levels))  # fmt: skip
+            hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written,
+                                   deepstack)  # fmt: skip
+        else:
+            hidden = self.language(embeds, positions, self.kv_caches, meta, layer_written)
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[to_device(last_rows, torch.long, self.device)]

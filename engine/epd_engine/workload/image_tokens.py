@@ -28,18 +28,6 @@ def llava_next(width: int, height: int) -> int:
     return 576 * (1 + tiles)
 
 
-def _qwen_vl(width: int, height: int, pixels_per_token_side: int, max_pixels: int) -> int:
-    # Round each side to the merged-patch grid, then cap total pixels like the processor.
-    factor = pixels_per_token_side
-    grid_w = max(1, round(width / factor))
-    grid_h = max(1, round(height / factor))
-    if grid_w * grid_h * factor * factor > max_pixels:
-        scale = math.sqrt(max_pixels / (width * height))
-        grid_w = max(1, math.floor(width * scale / factor))
-        grid_h = max(1, math.floor(height * scale / factor))
-    return grid_w * grid_h
-
-
 def qwen2_vl(width: int, height: int) -> int:
     """Qwen2-VL / Qwen2.5-VL: 14-px patches merged 2×2 → one token per 28×28 pixels, by the
     processor's own ``smart_resize`` with ``Qwen2-VL-7B-Instruct``'s bounds (min_pixels
@@ -53,8 +41,11 @@ def qwen2_vl(width: int, height: int) -> int:
 
 
 def qwen3_vl(width: int, height: int) -> int:
-    """Qwen3-VL: 16-px patches merged 2×2 → a token per 32×32 px (640×640 → 400, vLLM post)."""
-    return _qwen_vl(width, height, 32, 16_777_216)
+    """Qwen3-VL: 16-px patches merged 2×2 → a token per 32×32 px, by the processor's
+    ``smart_resize`` with ``Qwen3-VL-8B-Instruct``'s bounds (size.shortest_edge 65,536,
+    longest_edge 16,777,216), as the engine counts them (640×640 → 400, vLLM post)."""
+    h, w = smart_resize(height, width, 32, 65_536, 16_777_216)
+    return (h // 32) * (w // 32)
 
 
 IMAGE_TOKENIZERS: dict[str, ImageTokenizer] = {

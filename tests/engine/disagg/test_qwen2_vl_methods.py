@@ -31,7 +31,9 @@ CASES: list[tuple[str, list[tuple[int, int]]]] = [
 TOKENS = {"text": [], "small": [4], "two-sizes": [35, 4], "large": [77]}
 
 
-async def run_all(base_url: str) -> dict[str, str]:
+async def run_all(
+    base_url: str, cases: list[tuple[str, list[tuple[int, int]]]] = CASES
+) -> dict[str, str]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
     async def one(index: int, sizes: list[tuple[int, int]]) -> str:
@@ -42,15 +44,15 @@ async def run_all(base_url: str) -> dict[str, str]:
         parts.append({"type": "text", "text": "Describe what you see."})
         response = await client.chat.completions.create(
             model="tiny-llava",  # the launcher's served name for test systems
-            messages=[{"role": "user", "content": parts}],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": parts}],  # type: ignore[list-item,misc]
             max_tokens=10,
             temperature=0,
             extra_body={"ignore_eos": True},
         )
         return str(response.choices[0].message.content)
 
-    texts = await asyncio.gather(*(one(i, sizes) for i, (_, sizes) in enumerate(CASES)))
-    return {name: text for (name, _), text in zip(CASES, texts, strict=True)}
+    texts = await asyncio.gather(*(one(i, sizes) for i, (_, sizes) in enumerate(cases)))
+    return {name: text for (name, _), text in zip(cases, texts, strict=True)}
 
 
 FAMILIES = {"qwen2-vl": "tiny_qwen2_vl_dir", "qwen2.5-vl": "tiny_qwen2_5_vl_dir"}

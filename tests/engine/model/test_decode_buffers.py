@@ -40,7 +40,7 @@ def runner(language: LlavaLanguage, buffered: bool) -> ModelRunner:
         kv_block_size=BLOCK_SIZE,
         num_image_blocks=1,
         image_block_tokens=1,
-        hidden_size=language.config.hidden_size,
+        image_row_size=language.config.hidden_size,
     )
     return ModelRunner(
         None,

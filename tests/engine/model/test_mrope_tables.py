@@ -12,7 +12,7 @@ import torch
 
 from epd_engine.model.attention import AttentionBatch
 from epd_engine.model.loader import load_language
-from epd_engine.model.mrope import MRopeTables, mrope_cos_sin
+from epd_engine.model.mrope import MRopeTables, interleaved_streams, mrope_cos_sin
 
 
 def test_each_rotary_pair_reads_its_sections_stream() -> None:
@@ -40,3 +40,14 @@ def test_a_model_builds_its_tables_once(tiny_qwen2_vl_dir: Path) -> None:
         if step == 0:
             first = language._rope_tables
     assert first is not None and language._rope_tables is first
+
+
+def test_interleaved_sections_follow_transformers_qwen3_vl() -> None:
+    """Qwen3-VL: the pairs' streams are transformers' ``apply_interleaved_mrope`` layout."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    for section in ((24, 20, 20), (4, 2, 2)):
+        freqs = torch.stack([torch.full((1, 1, sum(section)), float(s)) for s in range(3)])
+        theirs = Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope(None, freqs, section)  # type: ignore[arg-type]
+        assert interleaved_streams(section).tolist() == theirs.flatten().long().tolist()
+    assert interleaved_streams((4, 2, 2)).tolist() == [0, 1, 2, 0, 1, 2, 0, 0]

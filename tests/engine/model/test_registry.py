@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
 from epd_engine.model.registry import (
     LLAVA,
     QWEN2_VL,
+    QWEN3_VL,
     family_for,
     family_of,
     family_of_preset,
@@ -25,6 +28,8 @@ def test_family_by_architecture_then_model_type():
     assert family_for({"architectures": ["LlavaForConditionalGeneration"]}) is LLAVA
     assert family_for({"architectures": ["Qwen2VLForConditionalGeneration"]}) is QWEN2_VL
     assert family_for({"model_type": "qwen2_vl"}) is QWEN2_VL
+    assert family_for({"architectures": ["Qwen3VLForConditionalGeneration"]}) is QWEN3_VL
+    assert family_for({"model_type": "qwen3_vl"}) is QWEN3_VL
 
 
 def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path):
@@ -35,7 +40,7 @@ def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path)
     message = (
         "unsupported architecture MllamaForConditionalGeneration; supported: "
         "LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration, "
-        "Qwen2_5_VLForConditionalGeneration"
+        "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration"
     )
     with pytest.raises(ModelFormatError, match=message):
         family_of(model_dir)
@@ -54,6 +59,7 @@ def test_tiny_llava_resolves_to_llava(tiny_model_dir):
 def test_presets_belong_to_their_family():
     assert family_of_preset("tiny-llava") is LLAVA
     assert family_of_preset("tiny-qwen2-vl") is QWEN2_VL
+    assert family_of_preset("tiny-qwen3-vl") is family_of_preset("qwen3-vl-8b") is QWEN3_VL
     with pytest.raises(ValueError, match="unknown preset 'nope'; choose from tiny-llava"):
         family_of_preset("nope")
 
@@ -75,3 +81,24 @@ def test_trace_image_tokens_use_the_processor_rule():
 
     assert qwen2_vl(28, 28) == 4  # raised to min_pixels = 56 x 56, as the processor does
     assert [qwen2_vl(280, 280), qwen2_vl(1280, 720), qwen2_vl(1920, 1080)] == [100, 1196, 2691]
+
+
+def test_qwen3_vl_trace_tokens_are_the_released_processor_rule():
+    """``epdctl trace``'s Qwen3-VL counts: the engine's rule under the release's bounds."""
+    from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
+    from epd_engine.model.qwen3_vl_preset import QWEN3_VL_8B
+    from epd_engine.model.registry import qwen2_vl_image_grid
+    from epd_engine.workload.image_tokens import qwen3_vl
+
+    config = Qwen3VLModelConfig.from_dict(QWEN3_VL_8B.hf_config("bfloat16"))
+    bounds = {"min_pixels": QWEN3_VL_8B.min_pixels, "max_pixels": QWEN3_VL_8B.max_pixels}
+    assert bounds == {"min_pixels": 256 * 256, "max_pixels": 4096 * 4096}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "preprocessor_config.json").write_text(
+            json.dumps({**bounds, "patch_size": 16})
+        )
+        grid = qwen2_vl_image_grid(Path(tmp), config)
+        for width, height in [(640, 640), (28, 28), (1920, 1080), (5000, 4000)]:
+            _, h, w = grid(width, height)
+            assert qwen3_vl(width, height) == h * w // 4
+    assert [qwen3_vl(640, 640), qwen3_vl(28, 28)] == [400, 64]
