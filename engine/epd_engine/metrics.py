@@ -152,6 +152,35 @@ class Metrics:
             _BASE,
             registry=r,
         )
+        self.prefix_cache_queried = Counter(
+            "epd_prefix_cache_queried_tokens_total",
+            "Tokens looked up in the KV prefix cache (a prefill from its first token, a "
+            "migration's pull); the hit rate per role is hits over these.",
+            _BASE,
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "epd_prefix_cache_hit_tokens_total",
+            "Of the tokens looked up, those whose KV pages were found (not computed, or not "
+            "pulled).",
+            _BASE,
+            registry=r,
+        )
+        self.kv_pages_migrated = Counter(
+            "epd_migration_kv_pages_total",
+            "KV pages a migration target needed: pulled from the source, or held already "
+            "(source=cache: its prefix cache had them).",
+            (*_BASE, "source"),
+            registry=r,
+        )
+        self.affinity = Counter(
+            "epd_routing_affinity_total",
+            "Placements by cache affinity (the router's entry instance, a source's prefill or "
+            "decode target): followed the key's instance, overridden by the load bound, or "
+            "none (no key).",
+            (*_BASE, "outcome"),
+            registry=r,
+        )
         self.requests = Counter(
             "epd_requests_total",
             "Finished requests by outcome.",

@@ -29,6 +29,8 @@ class KVCacheManager:
         self.hasher = PageHasher(block_size, prefix_salt) if prefix_salt is not None else None
         self.num_queried_tokens = 0  # tokens looked up in the prefix cache
         self.num_hit_tokens = 0  # of those, found
+        self.num_pulled_pages = 0  # pages migrations into this instance asked the source for
+        self.num_held_pages = 0  # pages they found here instead (prefix cache)
 
     def block_table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
@@ -75,6 +77,11 @@ class KVCacheManager:
             table += found
         self._tables[request_id] = table
         return len(table)
+
+    def count_pull(self, num_pages: int, num_held: int) -> None:
+        """A migration's pull needs ``num_pages``, of which ``num_held`` are here already."""
+        self.num_pulled_pages += num_pages - num_held
+        self.num_held_pages += num_held
 
     def count_lookup(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
         """Hit-rate accounting: a lookup for ``num_queried_tokens`` found ``num_hit_tokens``."""

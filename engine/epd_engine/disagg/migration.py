@@ -3,7 +3,8 @@
 Both sides share the transfer backend (the data plane), the peers and the background tasks:
 ``Source`` hands requests whose next stage lives elsewhere to a target and frees their pages
 once pulled; ``Target`` queues offers, pulls when scheduled and recomputes on failure;
-``Peers`` knows the other instances (target choice by load, connections to drop). The
+``Peers`` knows the other instances (target choice by cache affinity within a load bound,
+connections to drop). The
 engine is reached through ``EngineHooks``; the router link belongs to the app, and
 migration uses it through ``RouterPort``.
 """
@@ -38,7 +39,7 @@ class Migration:
     ) -> None:
         self.backend = backend
         self.background = Background()
-        self.peers = Peers(link, backend, http, token)
+        self.peers = Peers(link, backend, http, token, metrics)
         self.source = Source(hooks, link, self.peers, backend, exports, self.background, early_kv)
         self.target = Target(
             hooks, link, self.peers, backend, self.background, http, token, layers_per_group,

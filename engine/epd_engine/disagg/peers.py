@@ -1,7 +1,11 @@
 """The other instances, as migration sees them (DESIGN.md §4, "Router").
 
 The router link's heartbeats bring back the router's table of active instances: a source
-offers each hand-off to the least-loaded instance of the request's next stage that takes it.
+offers each hand-off to an instance of the request's next stage that takes it -- for prefill
+and decode the one its affinity key prefers, within a load bound (``contracts/affinity.py``:
+it holds the conversation's earlier pages), else and for images the least-loaded one on the
+source's node within a bound (``contracts/node_locality.py``: shared memory, not the network),
+else the least loaded.
 A target's transfer backend connects to each source it pulls from once (on the first pull);
 a source that leaves the table has its connection dropped, and the source side is told who
 is alive (it frees what it parked for a target that died before pulling).
@@ -17,8 +21,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from epd_engine.config import Stage
-from epd_engine.contracts.routing_policy import InstanceLoad, LeastLoaded
+from epd_engine.contracts.affinity import Affinity, PrefixAffinity
+from epd_engine.contracts.node_locality import local_choice
+from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import RouterPort
+from epd_engine.metrics import Metrics
 from epd_engine.request import PullSpec
 from epd_engine.transfer.backend import Peer, TransferBackend
 from epd_engine.transfer.messages import MigrationOffer
@@ -31,21 +38,36 @@ TARGET_WAIT_S = 5.0
 
 class Peers:
     def __init__(
-        self, link: RouterPort, backend: TransferBackend, http: httpx.AsyncClient, token: str
+        self,
+        link: RouterPort,
+        backend: TransferBackend,
+        http: httpx.AsyncClient,
+        token: str,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.link = link
         self.backend = backend
         self.http = http
         self.headers = {"X-EPD-Token": token}
-        self.policy = LeastLoaded()
+        # prefill and decode go where the request's prefix is likely cached (within a load
+        # bound); images to the least loaded (contracts/affinity.py)
+        self.policy = PrefixAffinity()
         self.pulled_from: set[str] = set()  # sources we pulled from (the backend holds connections)
 
     # ---- target choice ----------------------------------------------------------------
     async def place(self, offer: MigrationOffer, stage: Stage) -> InstanceLoad | None:
-        """Offer to the least-loaded instance of ``stage`` that takes it; None if none does."""
+        """Offer to the instance of ``stage`` its affinity key prefers (else the least
+        loaded) that takes it; None if none does."""
         candidates = await self.targets(stage)
+        key = offer.routing.affinity_key if stage is not Stage.ENCODE else None
         while candidates:
-            target = self.policy.choose(candidates)
+            target, affinity = self.policy.decide(candidates, key)
+            if affinity is not Affinity.FOLLOWED:  # no cached prefix to follow: stay on the node
+                target = local_choice(candidates, self.link.identity.node, target) or target
+            if self.metrics is not None:
+                labels = self.metrics.labels
+                self.metrics.affinity.labels(**labels, outcome=affinity.value).inc()
             candidates.remove(target)
             if await self._send_offer(target, offer):
                 return target

@@ -13,16 +13,14 @@ import numpy as np
 
 from epd_engine.api.completions import CompletionRequest
 from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.config import Stage
+from epd_engine.contracts.affinity import LoadBound, PrefixAffinity
 from epd_engine.contracts.errors import ClientError, ServiceUnavailable
 from epd_engine.contracts.request_owner import new_request_id, new_router_id
-from epd_engine.contracts.routing_policy import (
-    InstanceLoad,
-    LeastLoaded,
-    RoutingPolicy,
-    entry_candidates,
-)
+from epd_engine.contracts.routing_policy import InstanceLoad, entry_candidates
 from epd_engine.contracts.trace import ImageRef, TraceRecord
 from epd_engine.metrics import Metrics
+from epd_engine.router.affinity_key import image_key, prefix_key
 from epd_engine.router.event_relay import EventRelay
 from epd_engine.router.inflight import InflightRequest
 from epd_engine.router.keepalive_client import Answer, KeepAliveClient
@@ -44,7 +42,7 @@ class Dispatcher:
     token: str
     metrics: Metrics
     recorder: TraceRecorder
-    policy: RoutingPolicy = field(default_factory=LeastLoaded)
+    affinity: PrefixAffinity = field(init=False)
     inflight: dict[str, InflightRequest] = field(default_factory=dict)
     started_s: float = field(default_factory=time.monotonic)
     # this replica's id: in every request id it makes, so instances send it that request's
@@ -55,6 +53,8 @@ class Dispatcher:
 
     def __post_init__(self) -> None:
         self.events = EventRelay(self.inflight)
+        s = self.settings
+        self.affinity = PrefixAffinity(LoadBound(s.affinity_slack_requests, s.affinity_slack_ratio))
 
     async def start(self, body: ChatCompletionRequest | CompletionRequest) -> InflightRequest:
         request = InflightRequest(new_request_id(self.router_id), body, time.monotonic())
@@ -78,6 +78,9 @@ class Dispatcher:
 
     async def _submit_once(self, request: InflightRequest) -> None:
         has_images = request.body.num_images() > 0
+        affinity_on = self.settings.prefix_affinity
+        prefix = prefix_key(request.body) if affinity_on else None
+        image = image_key(request.body) if affinity_on and has_images else None
         tried: set[str] = set()
         attempt = request.attempt
         while True:
@@ -89,13 +92,17 @@ class Dispatcher:
             if not options:
                 stage = "encode" if has_images else "prefill"
                 raise ServiceUnavailable(f"no ready instance can run {stage} for this request")
-            target = self.policy.choose(options)
+            # an entry that prefills keeps the conversation's KV; an encode-only one, images
+            prefills = any(c.role.runs(Stage.PREFILL) for c in options)
+            target, affinity = self.affinity.decide(options, prefix if prefills else image)
+            self.metrics.affinity.labels(**self.metrics.labels, outcome=affinity.value).inc()
             tried.add(target.instance_id)
             payload = {
                 "routing": {
                     "router_request_id": request.router_request_id,
                     "attempt": request.attempt,
                     "path": [],
+                    "affinity_key": prefix,
                 },
                 "body": request.body.model_dump(mode="json", exclude_none=True),
                 "resume_output_token_ids": request.token_ids,

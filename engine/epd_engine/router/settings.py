@@ -29,6 +29,12 @@ class RouterSettings(BaseModel):
     trace_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     trace_max_files: int = Field(default=4, ge=1)
     active_pools: list[str] | None = None
+    # route by cache affinity (contracts/affinity.py): a conversation's turns to the instance
+    # holding its prefix, unless that one holds more than this many requests beyond the least
+    # loaded (or this share of the least loaded's, whichever is more)
+    prefix_affinity: bool = True
+    affinity_slack_requests: int = Field(default=4, ge=0)
+    affinity_slack_ratio: float = Field(default=0.5, ge=0)
     plan: dict[str, object] | None = None
 
     @property

@@ -267,6 +267,7 @@ class Scheduler:
                 request.num_registered_pages = 0
                 return False
             kv.count_lookup(num_tokens, hit_tokens)
+            kv.count_pull(blocks_needed(num_tokens, kv.block_size), hit_tokens // kv.block_size)
             task = PullTask(
                 request.request_id,
                 pull.kind,

@@ -28,6 +28,7 @@ from epd_engine.inputs.preprocess_pool import PreprocessPool
 from epd_engine.inputs.processor import InputProcessor
 from epd_engine.metrics import Metrics
 from epd_engine.server import health, internal_api, openai_api
+from epd_engine.server.cache_counters import CacheCounters
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
@@ -65,8 +66,11 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):
     scheduler = engine.scheduler
     last_hits = last_lookups = 0
 
+    cache_counters = CacheCounters(metrics, scheduler)
+
     def record(stats: StepStats) -> None:
         nonlocal last_hits, last_lookups
+        cache_counters.record()
         metrics.batch_tokens.labels(**labels).observe(stats.num_tokens)
         if stats.num_decodes:
             metrics.batch_decodes.labels(**labels).observe(stats.num_decodes)

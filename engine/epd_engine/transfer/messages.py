@@ -60,6 +60,9 @@ class Routing(BaseModel):
     # the client reads only the whole answer (not streaming): instances decode its text
     # once, at the end (Detokenizer's whole_text_only), where it has no stop strings
     whole_answer: bool = False
+    # what the prompt starts with (router/affinity_key.py): sources place the request's
+    # prefill and decode on the instance that key prefers (contracts/affinity.py)
+    affinity_key: str | None = None
 
 
 class MigrationOffer(BaseModel):

@@ -129,9 +129,11 @@ async def make_target(tiny_model_dir: Path) -> AsyncIterator[Any]:
         target.engine.stop()
 
 
-def kv_offer(source: str, num_tokens: int = 20) -> MigrationOffer:
+def kv_offer(
+    source: str, num_tokens: int = 20, request_id: str = "r-0", kv_pages: tuple[int, ...] = (5, 6)
+) -> MigrationOffer:
     return MigrationOffer(
-        request_id="r-0",
+        request_id=request_id,
         kind=CacheKind.KV,
         source_url=source,
         source_instance="p-0",
@@ -141,7 +143,7 @@ def kv_offer(source: str, num_tokens: int = 20) -> MigrationOffer:
         eos_token_ids=[],
         output_token_ids=[7],
         num_computed_tokens=num_tokens,
-        kv_pages=[5, 6],  # 20 tokens in pages of 16
+        kv_pages=list(kv_pages),  # 20 tokens in pages of 16
         transfer={"fake": {}},
         routing=Routing(router_request_id="req", attempt=0),
     )
@@ -196,4 +198,26 @@ async def test_a_failed_pull_where_prefill_runs_recomputes_here(
     await until(lambda: not scheduler.requests)  # recomputed the prompt, decoded, finished
     assert target.link.retries == []
     assert len(released) == before + 1
+    assert scheduler.kv is not None and scheduler.kv.pool.num_free == NUM_KV_BLOCKS
+
+
+async def test_a_later_turn_pulls_only_the_pages_this_instance_does_not_hold(
+    make_target: Any, source_url: tuple[str, list[str]]
+) -> None:
+    """The prefix cache on a decode instance: turn 1 (36 tokens) leaves its two full pages
+    cached here; turn 2 resends them and 14 tokens more: only its last two pages move."""
+    url, released = source_url
+    target: Target = await make_target(Role.D, FakeBackend())
+    scheduler = target.engine.engine.scheduler
+    await target.migration.target.accept(kv_offer(url, 36, "turn-1", (10, 11, 12)))
+    await until(lambda: "/internal/migrations/turn-1/release" in released)
+    await until(lambda: not scheduler.requests)
+    assert {t.src_pages for t in target.backend.transfers} == {(10, 11, 12)}
+    target.backend.transfers.clear()
+
+    await target.migration.target.accept(kv_offer(url, 50, "turn-2", (20, 21, 22, 23)))
+    await until(lambda: "/internal/migrations/turn-2/release" in released)
+    await until(lambda: not scheduler.requests)
+    transfers = target.backend.transfers
+    assert [(t.src_pages, len(t.dst_pages)) for t in transfers] == [((22, 23), 2)] * 2
     assert scheduler.kv is not None and scheduler.kv.pool.num_free == NUM_KV_BLOCKS
