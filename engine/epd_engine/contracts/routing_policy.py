@@ -29,6 +29,9 @@ class InstanceLoad:
     # shutting down (a pod being replaced): takes no new request or migration, finishes
     # what it holds (server/drain.py)
     draining: bool = False
+    # the machine it runs on (its kernel's boot id, transfer/region_share.host_id): peers on
+    # one node exchange caches through shared memory (contracts/node_locality.py). "": unknown
+    node: str = ""
 
     @property
     def queue_depth(self) -> int:
@@ -38,6 +41,8 @@ class InstanceLoad:
         data = {**asdict(self), "role": self.role.value}
         if not self.draining:  # a peer of an earlier version refuses keys it does not know
             del data["draining"]
+        if not self.node:
+            del data["node"]
         return data
 
     @classmethod

@@ -117,6 +117,7 @@ class RouterLink:
             free_kv_blocks=s.kv.pool.num_free if s.kv else 0,
             free_image_blocks=s.images.pool.num_free if s.images else 0,
             draining=self.draining,
+            node=self.identity.node,
         )
 
     # --- replicas coming and going ----------------------------------------------------------

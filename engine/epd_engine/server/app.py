@@ -33,6 +33,7 @@ from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import CacheMemory
+from epd_engine.transfer.region_share import host_id
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ def _connect_router(
         url=settings.advertise_url,
         role=settings.engine.role,
         pool=settings.pool,
+        node=host_id(),  # peers on this machine get our caches through shared memory
     )
     token = internal_token()
     token_text = token_text_of(state.processor.tokenizer)

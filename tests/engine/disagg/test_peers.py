@@ -50,3 +50,34 @@ async def test_no_peer_at_all_gives_up_after_the_wait(monkeypatch: pytest.Monkey
     monkeypatch.setattr(peers, "TARGET_WAIT_S", 0.2)
     known, _ = table([ME])
     assert await known.targets(Stage.PREFILL) == []
+
+
+async def test_a_hand_off_goes_to_a_peer_on_the_source_node_unless_it_is_busier() -> None:
+    """contracts/node_locality.py in the source's choice: the same-node peer over an equally
+    idle remote one (which the id order alone would pick), the idle remote one over a local
+    peer with work queued."""
+    me = InstanceLoad(instance_id="e-0", url="http://e-0", role=Role.E, pool="e", node="boot-a")
+
+    def pd(name: str, node: str, waiting: int = 0) -> InstanceLoad:
+        return InstanceLoad(
+            instance_id=name, url=f"http://{name}", role=Role.PD, pool="pd", num_waiting=waiting,
+            node=node,
+        )  # fmt: skip
+
+    offered: list[str] = []
+
+    async def take(target: InstanceLoad, offer: Any) -> bool:
+        offered.append(target.instance_id)
+        return True
+
+    offer: Any = SimpleNamespace(routing=SimpleNamespace(affinity_key=None))
+    for instances, expected in (
+        ([pd("pd-0", "boot-b"), pd("pd-1", "boot-a")], "pd-1"),
+        ([pd("pd-0", "boot-b"), pd("pd-1", "boot-a", waiting=1)], "pd-0"),
+    ):
+        link = SimpleNamespace(identity=me, instances=[me, *instances], heartbeat_s=0.05)
+        source = Peers(link, backend=None, http=None, token="t")  # type: ignore[arg-type]
+        source._send_offer = take  # type: ignore[method-assign]
+        target = await source.place(offer, Stage.PREFILL)
+        assert target is not None and target.instance_id == expected
+    assert offered == ["pd-1", "pd-0"]
