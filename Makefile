@@ -145,6 +145,12 @@ bench-switch: venv model ## Switch under load through every method + a ratio: fa
 
 .PHONY: bench-switch
 
+SOAK_S ?= 3600
+bench-soak: venv model ## Soak: mixed traffic through reconciled local E+P+D, a switch every 5 min, SOAK_S seconds (3600): failed/hung, RSS and fds per process, pages, /dev/shm (JSON)
+	nice -n 5 $(PY) -m benchmarks.soak --model $(MODEL_DIR) --duration-s $(SOAK_S) --out benchmarks/results/soak-cpu.json
+
+.PHONY: bench-soak
+
 bench-transfer: venv model ## Per backend: pull p50/p90, bandwidth, ratio to memcpy/raw socket/raw gloo (JSON)
 	$(EPDCTL) bench-transfer --model $(MODEL_DIR) --out benchmarks/results/transfer-cpu.json
 
