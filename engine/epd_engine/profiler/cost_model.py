@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from epd_engine.profiler.links import LinkCoeffs, link_backend
+from epd_engine.profiler.links import NETWORK_LINK, LinkCoeffs, link_backend
 from epd_engine.scheduler.output import SchedulerOutput
 
 COST_MODEL_KIND = "epd-cost-model"
@@ -237,6 +237,10 @@ class FittedCostModel:
     # measured, whose ``migration`` is a raw loopback socket).
     links: dict[str, LinkCoeffs] = field(default_factory=dict)
     transfer_backend: str = ""
+    # Migrations between nodes, where their link differs from ``migration`` (the link between
+    # instances on one node): the simulator charges each pair by where its instances run
+    # (``placement.py``). None: one link for every pair.
+    remote_migration: MigrationCoeffs | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -256,8 +260,17 @@ class FittedCostModel:
         """``step_s`` without the calibrated engine overhead (the simulator adds its own draw)."""
         return self.step_s(shape) - self.overheads.step_s
 
-    def migration_s(self, kind: str, num_tokens: int) -> float:
+    def migration_s(self, kind: str, num_tokens: int, remote: bool = False) -> float:
+        """``remote``: source and target on different nodes."""
+        if remote and self.remote_migration is not None:
+            return self.remote_migration.at(kind, num_tokens)
         return self.migration.at(kind, num_tokens)
+
+    def across_nodes(self, link: LinkCoeffs | None) -> FittedCostModel:
+        """This model with migrations between nodes over ``link`` (a NIC's latency and
+        bandwidth; the stored ``links[NETWORK_LINK]`` when measured); None: as on one node."""
+        remote = None if link is None else self.migration.over(link)
+        return replace(self, remote_migration=remote)
 
     def for_backend(self, backend: str, same_host: bool = True) -> FittedCostModel:
         """This model with ``migration`` over the link a deployment configured with
@@ -267,7 +280,8 @@ class FittedCostModel:
         link = self.links.get(name)
         if link is None:
             return self
-        return replace(self, migration=self.migration.over(link), transfer_backend=name)
+        moved = replace(self, migration=self.migration.over(link), transfer_backend=name)
+        return moved.across_nodes(self.links.get(NETWORK_LINK))
 
     # ---- closed forms the budget search and the plan bounds use ---------------------------
     def prefill_s(self, num_tokens: int) -> float:
@@ -303,6 +317,11 @@ class FittedCostModel:
                 overheads=_overheads(data.get("overheads", {})),
                 links={str(k): LinkCoeffs(**v) for k, v in data.get("links", {}).items()},
                 transfer_backend=str(data.get("transfer_backend", "")),
+                remote_migration=(
+                    MigrationCoeffs(**data["remote_migration"])
+                    if data.get("remote_migration")
+                    else None
+                ),
             )
         except (TypeError, ValueError) as exc:  # unknown, missing or impossible field
             raise ValueError(f"{source}: malformed cost model ({exc})") from exc

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MEASURED_BACKENDS = ("tcp", "shm", "collective")
+# Between two nodes (a NIC): ``links[NETWORK_LINK]`` in a cost model, where measured (one
+# machine cannot measure it). Without it a cross-node pair is charged as a pair on one node.
+NETWORK_LINK = "network"
 
 
 @dataclass(frozen=True)

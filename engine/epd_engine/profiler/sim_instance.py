@@ -56,6 +56,7 @@ class SimInstance:
     scheduler: SimScheduler
     step: SimOutput | None = None  # the iteration in flight (the instance is busy)
     num_incoming: int = 0  # migrations on their way here: queued in the real protocol's step 1
+    node: str = ""  # where it runs (placement.py): migrations to another node pay its link
     handed_off: set[str] = field(default_factory=set)  # migrating requests already dispatched
     busy_s: float = 0.0
     step_end: float = 0.0  # when the iteration in flight ends
@@ -90,6 +91,7 @@ class SimInstance:
             num_running=len(sched.running),
             free_kv_blocks=sched.kv.pool.num_free if sched.kv else 0,
             free_image_blocks=sched.images.pool.num_free if sched.images else 0,
+            node=self.node,
         )
 
 

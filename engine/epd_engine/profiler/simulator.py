@@ -22,12 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from epd_engine.config import SLO, Stage
+from epd_engine.contracts.node_locality import local_choice
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.routing_policy import LeastLoaded, RoutingPolicy, entry_candidates
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.jitter import Jitter
+from epd_engine.profiler.placement import instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.tracker import RequestTracker
@@ -58,6 +60,7 @@ class SimResult:
     num_steps: int = 0
     end_s: float = 0.0
     busy_s_by_role: dict[str, float] = field(default_factory=dict)
+    num_remote_pulls: int = 0  # migrations between two nodes (``instances_per_node``)
 
 
 class Simulator:
@@ -69,12 +72,17 @@ class Simulator:
         policy: RoutingPolicy | None = None,
         host_cores: float | None = None,
         scheduler_kind: type[SimScheduler] = SimScheduler,
+        instances_per_node: int | None = None,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
         on one machine); an iteration stretches by busy instances / cores when oversubscribed,
         and calibrated overheads by the plan's ``cpu_share``. None: every instance has its
         own device (GPU pods). ``scheduler_kind``: ``EngineScheduler`` runs the engine's own
-        scheduler code step by step (the reference the fast path is tested against)."""
+        scheduler code step by step (the reference the fast path is tested against).
+        ``instances_per_node``: how many instances share a node (``placement.py``); a
+        migration between nodes is charged ``cost.remote_migration`` and a source prefers a
+        target on its own node (``contracts/node_locality.py``). None: all on one node."""
+        self.instances_per_node = instances_per_node
         self.scheduler_kind = scheduler_kind
         self.plan = plan
         self.cost = cost
@@ -115,6 +123,12 @@ class _Run:
                         role, sim.budgets[role], sim.cost.capacity, sim.scheduler_kind
                     )
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
+        pools = [(role, sim.plan.pools[role]) for role in sim.plan.method.roles]
+        nodes = instance_nodes(pools, sim.instances_per_node) if self.instances else []
+        self.multi_node = any(nodes)
+        for inst, node in zip(self.instances, nodes, strict=True):
+            inst.node = str(node)
+        self.num_remote_pulls = 0
         static = [i.load() for i in self.instances]
         by_id = {i.instance_id: i for i in self.instances}
         self.entry = {
@@ -180,7 +194,8 @@ class _Run:
         for inst in self.instances:
             busy[inst.role.value] = busy.get(inst.role.value, 0.0) + inst.busy_s
         reason = "stopped early: the SLO can no longer be met" if stopped else "never finished"
-        return SimResult(self.track.results(reason), stopped, self.num_steps, now, busy)
+        results = self.track.results(reason)
+        return SimResult(results, stopped, self.num_steps, now, busy, self.num_remote_pulls)
 
     # ---- events ---------------------------------------------------------------------------
     def front(self, index: int, now: float) -> None:
@@ -319,7 +334,10 @@ class _Run:
         request = source.scheduler.migrating[request_id]
         targets = self.runners[request.next_stage]
         loads = [t.load() for t in targets]
-        target = targets[loads.index(self.sim.policy.choose(loads))]
+        chosen = self.sim.policy.choose(loads)
+        if self.multi_node:  # a peer on the source's node within the load bound, as peers.py
+            chosen = local_choice(loads, source.node, chosen) or chosen
+        target = targets[loads.index(chosen)]
         target.changed()
         target.num_incoming += 1
         key = f"{source.index}:{request_id}"
@@ -358,14 +376,19 @@ class _Run:
     def pull(self, target: SimInstance, task: PullTask, now: float) -> None:
         """Steps 2-3: fetch the pages (nothing to fetch when every image is cached here)."""
         request = target.scheduler.requests[task.request_id]
+        remote = False
+        if self.multi_node:
+            source = self.instances[self.sources[(target.index, task.request_id)]]
+            remote = source.node != target.node
+            self.num_remote_pulls += remote
         if task.kind is CacheKind.IMAGE:
             num_tokens = sum(request.images[i].num_tokens for i in task.image_blocks)
             pull_s = 0.0
             if num_tokens:
-                pull_s = self.jitter.pull_s() + self.cost.migration_s("image", num_tokens)
+                pull_s = self.jitter.pull_s() + self.cost.migration_s("image", num_tokens, remote)
         else:
             num_tokens = task.num_kv_tokens
-            pull_s = self.jitter.kv_pull_s() + self.cost.migration_s("kv", num_tokens)
+            pull_s = self.jitter.kv_pull_s() + self.cost.migration_s("kv", num_tokens, remote)
         self.track.migrated(int(task.request_id), task.kind.value, pull_s)
         self.push(now + pull_s, _PULLED, target.index, task.request_id)
 
