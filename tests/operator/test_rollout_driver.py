@@ -17,13 +17,14 @@ import pytest
 
 from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Plan
+from epd_engine.local.ports import free_port
 from epd_operator.kube import manifests as r
 from epd_operator.kube.manifests import PoolSpec
 from epd_operator.rollout.driver import RolloutState, rollout_pass
 from epd_operator.rollout.router_fleet import RouterFleet
 from epd_operator.rollout.state_machine import ObservedPool
 from tests.operator.conftest import make_owner
-from tests.operator.test_router_api import TOKEN, _free_port, start_router, start_routers
+from tests.operator.test_router_api import TOKEN, start_router, start_routers
 
 OLD = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 2, Role.D: 1})
 NEW = Plan(method=Method.EP_D, pools={Role.EP: 2, Role.D: 2})
@@ -117,7 +118,7 @@ def test_a_replica_that_misses_the_switch_keeps_old_pools_until_it_confirms(
     """Defect: a routing PUT that failed was recorded as done and never retried. Now status
     keeps the last confirmed routing, nothing old is deleted, and the next passes retry until
     the missing replica (here: one that starts late) reads back the new routing."""
-    late_port = _free_port()
+    late_port = free_port()
     late = f"http://127.0.0.1:{late_port}"
     rollout = Rollout(MemoryPools(), RouterFleet(two_routers, TOKEN, timeout_s=5))
     rollout.to(OLD, 4)
