@@ -55,13 +55,17 @@ class Evaluator:
         cost: FittedCostModel,
         slo: SLO,
         rel_tolerance: float = 0.05,
+        instances_per_node: int | None = None,
     ) -> None:
+        """``instances_per_node``: how many instances share a node; migrations between nodes
+        are charged ``cost.remote_migration`` (``profiler/placement.py``). None: one node."""
         if not records:
             raise ValueError("the trace is empty: nothing to plan for")
         self.records = list(records)
         self.cost = cost
         self.slo = slo
         self.rel_tolerance = rel_tolerance
+        self.instances_per_node = instances_per_node
         self.grid = RateGrid(step=rel_tolerance)
         self.budgets: dict[Role, Budgets | None] = {
             role: derive_budgets(cost, role, slo) for role in Role
@@ -96,7 +100,12 @@ class Evaluator:
     def run(self, candidate: Candidate, rate_rps: float) -> list[RequestResult]:
         key = (candidate, round(rate_rps, 9))
         if key not in self._runs:
-            simulator = Simulator(self.plan(candidate), self.cost, self.slo)
+            simulator = Simulator(
+                self.plan(candidate),
+                self.cost,
+                self.slo,
+                instances_per_node=self.instances_per_node,
+            )
             result = simulator.run(at_rate(self.records, rate_rps), stop_on_failure=True)
             self.num_simulations += 1
             self._runs[key] = result.results

@@ -245,8 +245,9 @@ def search_plans(
     rel_tolerance: float = 0.05,
     num_workers: int = 1,
     hint: Hint | None = None,
+    instances_per_node: int | None = None,
 ) -> tuple[Evaluator, SearchResult, SearchResult | None]:
-    evaluator = Evaluator(records, cost, slo, rel_tolerance)
+    evaluator = Evaluator(records, cost, slo, rel_tolerance, instances_per_node)
     exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress, num_workers, hint)
     heuristic = heuristic_search(evaluator, num_gpus, show_progress) if with_heuristic else None
     return evaluator, exhaustive, heuristic

@@ -13,7 +13,9 @@ import pytest
 
 from epd_engine.config import SLO, Method, Role
 from epd_engine.contracts.plan import Plan
+from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.links import NETWORK_LINK, LinkCoeffs
 from epd_engine.profiler.placement import instance_nodes
 from epd_engine.profiler.simulator import Simulator
@@ -82,3 +84,18 @@ def test_the_simulator_charges_each_pair_by_where_its_instances_run() -> None:
     sliced_s, remote_sliced, _ = _run(3, plan)
     assert remote_sliced == 0
     assert sliced_s == pytest.approx(one_node_s, rel=0.2)
+
+
+def test_the_plan_search_sees_the_placement() -> None:
+    """The evaluator the search uses passes the node size on: the same plan at the same rate
+    is slower when its pairs cross a slow network."""
+    plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    candidate = Candidate(plan.method, (1, 1, 1))
+    records = make_trace(num=20, rate_rps=5)
+    ttft: dict[int | None, float] = {}
+    for per_node in (None, 1):
+        evaluator = Evaluator(records, two_links(), LOOSE, instances_per_node=per_node)
+        point = evaluator.point(candidate, 5.0)
+        assert point.summary is not None
+        ttft[per_node] = point.summary.ttft.mean_s
+    assert ttft[1] > ttft[None] + 0.02  # at least the network's latency per pull
