@@ -66,6 +66,9 @@ class TraceRecord(BaseModel):
     # Multi-turn: records with the same id are one conversation's turns, in arrival order;
     # a turn's ``prompt_tokens`` counts its own user message (``bench/sessions.py``).
     session_id: str | None = None
+    # Prompt tokens the serving instances' caches served (usage ``cached_tokens``: KV prefix
+    # pages, images found encoded): the simulator starts the request's prefill after them.
+    cached_tokens: int | None = Field(default=None, ge=0)
 
     @property
     def text_only(self) -> bool:

@@ -114,10 +114,14 @@ class RequestFactory:
         total = offset + record.prompt_tokens
         prompt = self._prompts.setdefault(total, [0] * total)
         sampling = SamplingParams(max_tokens=record.output_tokens, temperature=0.0, ignore_eos=True)
-        return Request(
+        request = Request(
             request_id=str(index),
             prompt_token_ids=prompt,
             sampling=sampling,
             images=images,
             arrival_s=record.arrival_s,
         )
+        # what the caches served as the trace recorded it: prefill starts after it, as the
+        # engine's does after its prefix cache's pages (at least one token is computed)
+        request.num_computed_tokens = max(0, min(record.cached_tokens or 0, total - 1))
+        return request

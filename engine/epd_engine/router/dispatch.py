@@ -260,6 +260,7 @@ class Dispatcher:
             e2e_s=e2e_s,
             path=tuple(request.path),
             stage_s=dict(request.stage_s) or None,
+            cached_tokens=request.num_cached_tokens or None,
         )
         # the workload's shape, from the same record the trace keeps
         m.request_prompt_tokens.labels(**labels).observe(record.prompt_tokens)

@@ -70,6 +70,24 @@ def test_an_idle_plan_matches_the_cost_model_exactly() -> None:
     assert r.itl_s[1] == pytest.approx(0.005 + 1e-4)
 
 
+@pytest.mark.parametrize("method", [Method.E_P_D, Method.EPD])
+def test_cached_prompt_tokens_in_the_trace_are_not_prefilled(method: Method) -> None:
+    """A record's ``cached_tokens`` (the prefix cache served them): prefill computes only
+    the rest, so TTFT and the prefill instances' busy time shrink by their cost."""
+    cost = toy_cost_model(encode_per_image_s=0.01, prefill_per_token_s=1e-4, decode_step_s=0.005)
+    plan = Plan(method=method, pools=dict.fromkeys(method.roles, 1))
+    [fresh] = make_trace(num=1, output_tokens=3)
+    cached = fresh.model_copy(update={"cached_tokens": 96})
+    [cold] = simulate(plan, [fresh], cost, SLO_LOOSE).results
+    [warm] = simulate(plan, [cached], cost, SLO_LOOSE).results
+    assert cold.ttft_s is not None and warm.ttft_s is not None
+    assert cold.ttft_s - warm.ttft_s == pytest.approx(96 * 1e-4)
+    everything = fresh.model_copy(update={"cached_tokens": 10_000})  # at least one computed
+    [last] = simulate(plan, [everything], cost, SLO_LOOSE).results
+    assert last.ok and last.ttft_s is not None
+    assert cold.ttft_s - last.ttft_s == pytest.approx(119 * 1e-4)
+
+
 def test_reports_the_same_summary_as_bench() -> None:
     plan = Plan(method=Method.EPD, pools={Role.EPD: 2})
     result = simulate(plan, make_trace(num=30), toy_cost_model(), SLO_LOOSE)
