@@ -150,6 +150,10 @@ class EngineConfig:
     max_request_pixels: int = 2 * 4096 * 4096  # all images of one request together
     max_prompt_tokens: int | None = None  # None: the context window less one output token
     remote_image_hosts: tuple[str, ...] = ()  # http(s) image hosts allowed; () = none, "*" any
+    # out of service when the engine thread makes no progress this long while it has work
+    # (engine/health.py); 0: never. Above any step's time (a cold kernel's compile included)
+    stall_timeout_s: float = 120.0
+    fault_injection: str = ""  # tests only: EPD_FAULT_INJECT (worker/fault_injection.py)
 
     def __post_init__(self) -> None:
         for name in (
@@ -185,6 +189,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.preprocess_workers < 0:
             raise ValueError(f"preprocess_workers must be >= 0, got {self.preprocess_workers}")
+        if self.stall_timeout_s < 0:
+            raise ValueError(f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
 
     @property
     def model_name(self) -> str:
@@ -194,6 +200,11 @@ class EngineConfig:
 def env_str(name: str, default: str) -> str:
     """Read an ``EPD_``-prefixed environment variable (the only place the engine reads env)."""
     return os.environ.get(f"EPD_{name}", default)
+
+
+def fault_injection_spec() -> str:
+    """``EPD_FAULT_INJECT``: a device fault to inject, in tests (worker/fault_injection.py)."""
+    return env_str("FAULT_INJECT", "")
 
 
 def internal_token_set() -> bool:

@@ -2,7 +2,9 @@
 
 Each app gets its own registry so several instances can live in one test process.
 Labels: ``model``, ``role``, ``pool`` on everything, plus ``stage``/``kind``/``cache``/
-``outcome`` where they apply.
+``outcome``/``backend`` where they apply. The ``epd_gpu_*`` gauges are set at scrape time on
+CUDA instances (``server/gpu_metrics.py``): absent on CPU, and utilisation and power absent
+where NVML (``nvidia-ml-py``) is not installed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # a step's phases run from tens of microseconds (a decode's schedule) to seconds (a CPU prefill)
 _PHASE_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
                     0.5, 1, 2.5)  # fmt: skip
+# GPU migrations take about a millisecond, CPU ones tens; whole requests' up to seconds
+_MIGRATION_BUCKETS_S = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+                        0.5, 1, 2, 4, 8)  # fmt: skip
 _BASE = ("model", "role", "pool")
+PREEMPTION_ACTIONS = ("recompute", "reroute")
 
 
 class Metrics:
@@ -106,7 +112,15 @@ class Metrics:
             "Cache migration time from pull start to confirm.",
             (*_BASE, "kind"),
             registry=r,
-            buckets=_LATENCY_BUCKETS_S,
+            buckets=_MIGRATION_BUCKETS_S,
+        )
+        self.migration_pull = Histogram(
+            "epd_migration_pull_seconds",
+            "A migration target's pulls: from the pull's scheduling to the bytes in its pages, "
+            "by cache kind and the transfer backend that moved them (auto: the one it chose).",
+            (*_BASE, "kind", "backend"),
+            registry=r,
+            buckets=_MIGRATION_BUCKETS_S,
         )
         self.kv_groups_pulled = Counter(
             "epd_kv_groups_pulled_total",
@@ -137,6 +151,39 @@ class Metrics:
         )
         self.cache_usage = Gauge(
             "epd_cache_usage_ratio", "Used share of a paged cache.", (*_BASE, "cache"), registry=r
+        )
+        self.cache_capacity_pages = Gauge(
+            "epd_cache_capacity_pages", "Pages of a paged cache.", (*_BASE, "cache"), registry=r
+        )
+        self.cache_used_pages = Gauge(
+            "epd_cache_used_pages",
+            "Pages of a paged cache held by requests (or kept for reuse, image cache).",
+            (*_BASE, "cache"),
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "epd_preemptions_total",
+            "Running requests that lost their KV pages: recompute (they wait and are computed "
+            "again here) or reroute (a decode-only instance sends them down a fresh path).",
+            (*_BASE, "action"),
+            registry=r,
+        )
+        # Set at scrape time on CUDA instances only (server/gpu_metrics.py).
+        self.gpu_memory = Gauge(
+            "epd_gpu_memory_bytes",
+            "This instance's GPU memory: allocated (its tensors), reserved (torch's caching "
+            "allocator), total (the card); device_used (every process on the card, NVML).",
+            (*_BASE, "memory"),
+            registry=r,
+        )
+        self.gpu_utilization = Gauge(
+            "epd_gpu_utilization_ratio",
+            "Share of the last sample period a kernel ran on the GPU (NVML; every process).",
+            _BASE,
+            registry=r,
+        )
+        self.gpu_power = Gauge(
+            "epd_gpu_power_watts", "The GPU's power draw (NVML).", _BASE, registry=r
         )
         self.running = Gauge("epd_requests_running", "Requests holding pages.", _BASE, registry=r)
         self.waiting = Gauge("epd_requests_waiting", "Requests queued.", _BASE, registry=r)
@@ -216,6 +263,8 @@ class Metrics:
         self.requests.labels(**labels, outcome="success")
         for overlapped in ("true", "false"):
             self.kv_groups_pulled.labels(**labels, overlapped=overlapped)
+        for action in PREEMPTION_ACTIONS:
+            self.preemptions.labels(**labels, action=action)
 
     def publish_slo(self, slo: SLO) -> None:
         for objective, value in (

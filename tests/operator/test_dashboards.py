@@ -116,6 +116,15 @@ def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield f"variable ${var['name']}", query if isinstance(query, str) else query["query"]
 
 
+def absent_on_cpu(dashboard: dict[str, Any]) -> set[str]:
+    """Titles of the panels whose series exist only on a GPU (their description says so)."""
+    return {
+        panel["title"]
+        for panel in all_panels(dashboard.get("panels", []))
+        if "absent on cpu" in panel.get("description", "").lower()
+    }
+
+
 def matching_paren(text: str, open_at: int) -> int:
     depth = 0
     for i in range(open_at, len(text)):
@@ -232,6 +241,21 @@ def test_every_exported_metric_is_charted() -> None:
         if not samples & used and family not in UNCHARTED
     }
     assert not uncharted, f"no dashboard panel charts {sorted(uncharted)}"
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_gpu_panels_say_they_are_absent_on_cpu(path: Path) -> None:
+    """A GPU series is absent on a CPU deployment: the panel says so in its description and
+    shows that text instead of "No data" (the Prometheus live test allows them no data)."""
+    dashboard = load(path)
+    marked = absent_on_cpu(dashboard)
+    for panel in all_panels(dashboard["panels"]):
+        exprs = " ".join(t.get("expr", "") for t in panel.get("targets", []))
+        if "epd_gpu_" not in exprs:
+            assert panel["title"] not in marked, f"{panel['title']!r} charts no GPU series"
+            continue
+        assert panel["title"] in marked, panel["title"]
+        assert "absent on CPU" in panel["fieldConfig"]["defaults"]["noValue"], panel["title"]
 
 
 def test_checker_catches_wrong_names_and_labels() -> None:

@@ -47,7 +47,8 @@ warm_pid=$!
 
 PYTEST=($PY -m pytest -q -o addopts= -p no:cacheprovider -m gpu -rs --timeout 200)
 TAIL=20 step tests 200 "${PYTEST[@]}" tests/engine/model/test_gpu_parity.py \
-  tests/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py
+  tests/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py \
+  tests/engine/server/test_device_metrics.py
 # Every method through the router with the GPU transfer backends, against one EPD instance.
 TAIL=20 step tests-methods 240 "${PYTEST[@]}" tests/engine/disagg/test_methods_gpu.py
 step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$OUT/gpu-torch.json"

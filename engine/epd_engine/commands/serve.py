@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 from epd_engine.cli import UserError
-from epd_engine.config import ATTENTION_BACKENDS, SLO, EngineConfig, Role, internal_token_set
+from epd_engine.config import (
+    ATTENTION_BACKENDS,
+    SLO,
+    EngineConfig,
+    Role,
+    fault_injection_spec,
+    internal_token_set,
+)
 from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 
@@ -111,6 +118,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fetch http(s) image URLs from this host (repeat; '*' any public host); "
         "private, loopback and link-local addresses are refused whatever the name",
     )
+    p.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=120.0,
+        help="out of service (probes fail, the router stops routing here) when the engine "
+        "thread makes no progress this long while it has work: a hung device; 0: never",
+    )
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
     p.add_argument(
@@ -202,6 +216,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_prompt_tokens=args.max_prompt_tokens,
             remote_image_hosts=tuple(args.allow_image_host),
             slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
+            stall_timeout_s=args.stall_timeout_s,
+            fault_injection=fault_injection_spec(),
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc

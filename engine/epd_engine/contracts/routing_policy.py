@@ -26,6 +26,9 @@ class InstanceLoad:
     num_running: int = 0
     free_kv_blocks: int = 0
     free_image_blocks: int = 0
+    # why the instance is out of service for good (a device error, a stuck engine thread:
+    # engine/health.py); the router takes it out of routing when it says so. "": it serves
+    unhealthy_reason: str = ""
     # shutting down (a pod being replaced): takes no new request or migration, finishes
     # what it holds (server/drain.py)
     draining: bool = False
@@ -43,6 +46,8 @@ class InstanceLoad:
             del data["draining"]
         if not self.node:
             del data["node"]
+        if not self.unhealthy_reason:
+            del data["unhealthy_reason"]
         return data
 
     @classmethod

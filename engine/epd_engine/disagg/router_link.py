@@ -116,6 +116,8 @@ class RouterLink:
             num_running=len(s.running),
             free_kv_blocks=s.kv.pool.num_free if s.kv else 0,
             free_image_blocks=s.images.pool.num_free if s.images else 0,
+            # out of service (engine/health.py): the router takes us out of routing at once
+            unhealthy_reason=engine.health.check() or "",
             draining=self.draining,
             node=self.identity.node,
         )

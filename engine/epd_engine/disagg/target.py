@@ -148,6 +148,7 @@ class Target:
             return
 
         seconds = time.monotonic() - issued_s
+        self._observe_pull(task, peer, seconds)
         # Read before landing: once landed, the engine may finish its stage and hand the
         # request on (dropping the stream) before this coroutine runs again.
         stream = self.hooks.stream(task.request_id)
@@ -195,6 +196,18 @@ class Target:
         if response.status_code != 200:
             raise TransferError(f"progress poll: {response.status_code} {response.text[:200]}")
         return PrefillProgress.model_validate(response.json())
+
+    def _observe_pull(self, task: PullTask, peer: Peer, seconds: float) -> None:
+        """epd_migration_pull_seconds by kind and the backend that moved the bytes (``auto``
+        says which one it chose for this peer)."""
+        if self.metrics is None:
+            return
+        chosen = getattr(self.backend, "chosen", None)
+        backend = (chosen(peer.instance_id) if chosen else None) or self.backend.name
+        labels = self.metrics.labels
+        self.metrics.migration_pull.labels(**labels, kind=task.kind.value, backend=backend).observe(
+            seconds
+        )
 
     def _count_groups(self, task: PullTask, after: int, overlapped: int) -> None:
         if self.metrics is None or task.kind is not CacheKind.KV:

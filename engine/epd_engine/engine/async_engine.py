@@ -10,6 +10,11 @@ ends the request through the inbox (the engine may have made one more token by t
 client never sees it). After every step the engine thread also reports migrations to start:
 requests whose next stage lives elsewhere (handoffs) and pages to pull (pulls), each after
 the outputs before it.
+
+Health (``health.py``): the engine thread marks its progress; after a sticky device error
+it ends its work (clients it serves directly get an error; the router re-routes its own
+requests once told, by the heartbeat) and refuses new requests. ``watch`` on the event loop
+finds a stalled or dead engine thread and fails the direct clients that thread cannot.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from epd_engine.contracts.errors import ClientError
+from epd_engine.contracts.errors import ClientError, ServiceUnavailable
 from epd_engine.engine.detokenizer import Detokenizer
 from epd_engine.engine.llm_engine import REQUEST_FAILED, LLMEngine, StageTiming, StepStats
 from epd_engine.engine.step_phases import PUBLISH
@@ -118,6 +123,7 @@ class AsyncEngine:
             asyncio.AbstractEventLoop, list[tuple[RequestOutputStream, RequestOutput]]
         ] = {}
         self.num_steps = 0  # iterations run (idle ones included), for tests and metrics
+        self.health = engine.health
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="epd-engine", daemon=True)
 
@@ -149,9 +155,12 @@ class AsyncEngine:
         return await future
 
     async def add(self, make_request: Callable[[], Request], stream: RequestOutputStream) -> None:
-        """Queue a request on the engine thread; admission errors come back as ClientError."""
+        """Queue a request on the engine thread; admission errors come back as ClientError
+        (ServiceUnavailable, 503, while the instance is out of service)."""
+        self.check_health_or_refuse()
 
         def add() -> None:
+            self.check_health_or_refuse()  # it may have broken meanwhile
             request = make_request()
             self.streams[request.request_id] = stream
 
@@ -209,6 +218,53 @@ class AsyncEngine:
         if stream is not None:
             self._emit(request_id, stream, None, "error", error=message)
 
+    # ---- health -------------------------------------------------------------------------
+    def unhealthy_reason(self) -> str | None:
+        """Why this instance is out of service (None: it serves); any thread."""
+        thread = self._thread
+        if thread.ident is not None and not thread.is_alive() and not self._stopping.is_set():
+            self.health.fail("the engine thread stopped")
+        return self.health.check()
+
+    def check_health_or_refuse(self) -> None:
+        if (reason := self.unhealthy_reason()) is not None:
+            raise ServiceUnavailable(f"this instance is out of service: {reason}")
+
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Event loop: look for a stalled or dead engine thread; once out of service, end
+        the direct clients' requests here (that thread cannot) and stop looking."""
+        timeout = self.health.stall_timeout_s
+        interval_s = min(interval_s, timeout / 4) if timeout else interval_s
+        while (reason := self.unhealthy_reason()) is None:
+            await asyncio.sleep(interval_s)
+        self._fail_direct(reason)
+
+    def _fail_direct(self, reason: str) -> None:
+        """Event loop: an error for every request a client of this instance waits on (the
+        router re-routes its own); the engine thread, should it come back, drops them all."""
+        loop = asyncio.get_running_loop()
+        message = out_of_service_message(reason)
+        for request_id, stream in list(self.streams.items()):
+            if stream.routing is None and stream.loop is loop and not stream.finished:
+                error = RequestOutput(
+                    request_id, "", [], stream.num_prompt_tokens, 0, "error", message
+                )
+                self._publish([(stream, error)])
+
+    def _out_of_service(self) -> None:
+        """Engine thread, once the instance is out of service: end every request here. Its
+        direct clients get the reason; requests a router owns are dropped silently (the
+        router re-routes them when the heartbeat says so, resuming from the tokens sent)."""
+        message = out_of_service_message(self.health.check() or "unknown")
+        for request_id, stream in list(self.streams.items()):
+            if stream.routing is None:
+                self.fail(request_id, message)
+            else:
+                self.abort(request_id)
+        scheduler = self.engine.scheduler
+        for request in [*scheduler.waiting, *scheduler.running]:
+            self.engine.abort(request.request_id)
+
     def _loop(self) -> None:
         idle = True
         while not self._stopping.is_set():
@@ -223,21 +279,34 @@ class AsyncEngine:
         # no requests at all. Everything that can change that (new work, a landed pull,
         # a release that frees pages) arrives through the inbox and wakes us.
         block = idle or not self.engine.has_work()
+        health = self.health
+        if block:
+            health.sleeping()
         try:
             while True:
-                self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)()
+                work = self._inbox.get(block=block, timeout=IDLE_WAKE_S if block else None)
+                health.working()
                 block = False
+                work()
         except queue.Empty:
             pass
         except Exception:
             log.exception("engine inbox task failed")
         self._flush()  # what the inbox's tasks emitted (a failed request) goes out now
         idle = True
+        if not health.ok:  # a stall was found meanwhile: this thread's work is over
+            self._out_of_service()
+            return idle
         if not self.engine.has_work():
             return idle
+        health.working()
         try:
             events, stats = self.engine.step()
         except Exception:  # a bug must not hang clients: fail everything in flight
+            if not health.ok:  # a sticky device error: every later step fails alike
+                log.exception("device error: this instance is out of service")
+                self._out_of_service()
+                return idle
             log.exception("engine step failed")
             for request_id in list(self.streams):
                 self.fail(request_id, "internal engine error")
@@ -413,6 +482,11 @@ class AsyncEngine:
         prompt tokens its cache served."""
         if stream.pending_timings or stream.num_cached_tokens:
             self._emit(request_id, stream, None, None)
+
+
+def out_of_service_message(reason: str) -> str:
+    """What a client whose request this instance cannot finish is told."""
+    return f"this instance is out of service ({reason}); retry the request"
 
 
 def _set_result(future: asyncio.Future[object], value: object) -> None:

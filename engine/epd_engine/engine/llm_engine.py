@@ -18,6 +18,8 @@ from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.engine import startup
+from epd_engine.engine.device_errors import sticky_device_error
+from epd_engine.engine.health import EngineHealth
 from epd_engine.engine.inflight import InflightStep, resolve
 from epd_engine.engine.prefix_salt import prefix_salt
 from epd_engine.engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT
@@ -40,6 +42,7 @@ from epd_engine.scheduler.budget_search import (
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
 from epd_engine.transfer.memory import CacheMemory, dtype_of
+from epd_engine.worker.fault_injection import FaultInjector, FaultSpec
 from epd_engine.worker.kv_sizing import (
     CPU_KV_BLOCKS,
     cuda_memory,
@@ -80,6 +83,7 @@ class StepStats:
     stage_timings: list[StageTiming] = field(default_factory=list)
     pulls: list[PullTask] = field(default_factory=list)
     evicted_ids: list[str] = field(default_factory=list)
+    num_preempted: int = 0  # running requests sent back to wait and be recomputed here
     failed: dict[str, str] = field(default_factory=dict)  # request id -> what its client sees
     idle: bool = False  # nothing could run (waiting on pages, pulls or new work)
     phases: dict[str, float] = field(default_factory=dict)  # step_phases.py: seconds each
@@ -97,6 +101,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, memory: CacheMemory | None = None) -> None:
         """``memory``: where the caches live (shared with same-host peers for ``shm``)."""
         self.config = config
+        faults = FaultInjector(FaultSpec.parse(config.fault_injection))  # before the slow part
+        # out of service after a sticky device error or a stuck engine thread (health.py)
+        self.health = EngineHealth(config.stall_timeout_s)
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
         family = family_of(config.model_dir)
@@ -137,6 +144,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             dual_stream=config.dual_stream,
             cuda_graphs=config.cuda_graphs,
+            faults=faults,
         )
         kv = (
             KVCacheManager(shape.num_kv_blocks, shape.kv_block_size, prefix_salt(config))
@@ -318,6 +326,7 @@ class LLMEngine:
         stats.add_phase(SCHEDULE, time.monotonic() - start)
         stats.pulls = out.pulls
         stats.evicted_ids = out.evicted_ids
+        stats.num_preempted = len(out.preempted_ids)
         stats.idle = out.is_empty and not out.evicted_ids and not out.preempted_ids
         stats.idle &= self._inflight is None
         self._note_stage_starts(out, stats, start)
@@ -326,8 +335,10 @@ class LLMEngine:
                 events, done = self._step_ahead(out, stats)
             else:
                 events, done = self._step_now(out, stats)
-        except BaseException:
+        except BaseException as exc:
             self._inflight = None  # the caller fails what was in it
+            if (error := sticky_device_error(exc)) is not None:
+                self.health.fail(f"device error: {error}")
             raise
         now = time.monotonic()
         for request_id in done:
@@ -432,14 +443,17 @@ class LLMEngine:
         self, out: SchedulerOutput, stats: StepStats
     ) -> tuple[dict[str, SampledToken], dict[str, str]]:
         """Run the batch; when it raises, run each request alone, so that a request the step
-        cannot take fails alone (one request's bad seed once failed all 32 in its batch).
+        cannot take fails alone (one request's bad seed once failed all 32 in its batch). A
+        sticky device error is raised at once: the device fails every later step alike.
 
         Re-running is safe: encodes and prefills write the same pages again, and a seeded
         draw depends only on its seed and position. Returns the sampled tokens and the
         requests that failed on their own, with the message their clients get."""
         try:
             return self._execute(out, stats), {}
-        except Exception:
+        except Exception as exc:
+            if sticky_device_error(exc) is not None:
+                raise  # not the batch's fault: every request would fail alone the same way
             request_ids = requests_in(out)
             if len(request_ids) == 1:
                 log.exception("engine step failed for request %s", request_ids[0])
@@ -450,7 +464,9 @@ class LLMEngine:
         for request_id in request_ids:
             try:
                 sampled.update(self._execute(only_request(out, request_id), stats))
-            except Exception:
+            except Exception as exc:
+                if sticky_device_error(exc) is not None:
+                    raise
                 log.exception("request %s fails the engine step", request_id)
                 failed[request_id] = REQUEST_FAILED
         return sampled, failed

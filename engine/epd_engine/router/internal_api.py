@@ -25,7 +25,11 @@ def _dispatcher(request: Request) -> Dispatcher:
 @router.post("/instances/heartbeat", dependencies=[Depends(require_member)])
 async def heartbeat(beat: InstanceLoad, request: Request) -> dict[str, object]:
     dispatcher = _dispatcher(request)
-    dispatcher.registry.heartbeat(beat)
+    if beat.unhealthy_reason:  # out of service for good: out of routing now, its work re-routed
+        if (known := dispatcher.registry.get(beat.instance_id)) is not None:
+            dispatcher.mark_down(known, f"is out of service: {beat.unhealthy_reason}")
+    else:
+        dispatcher.registry.heartbeat(beat)
     # the id tells the instance which of its router links owns this replica's requests
     return {
         "router_id": dispatcher.router_id,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +31,7 @@ from epd_engine.inputs.processor import InputProcessor
 from epd_engine.metrics import Metrics
 from epd_engine.server import health, internal_api, openai_api
 from epd_engine.server.cache_counters import CacheCounters
+from epd_engine.server.gpu_metrics import GpuMetrics
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
@@ -84,18 +87,38 @@ def _step_recorder(metrics: Metrics, engine: LLMEngine):
             metrics.step_phase.labels(**labels, phase=phase, step=kind).observe(seconds)
         for stage, wait_s in stats.queue_waits:
             metrics.stage_queue.labels(**labels, stage=stage.value).observe(wait_s)
+        if stats.num_preempted:
+            metrics.preemptions.labels(**labels, action="recompute").inc(stats.num_preempted)
+        if stats.evicted_ids:
+            metrics.preemptions.labels(**labels, action="reroute").inc(len(stats.evicted_ids))
         metrics.running.labels(**labels).set(len(scheduler.running))
         metrics.waiting.labels(**labels).set(len(scheduler.waiting))
         if scheduler.kv is not None:
-            metrics.cache_usage.labels(**labels, cache="kv").set(scheduler.kv.pool.usage)
+            kv = scheduler.kv.pool
+            metrics.cache_usage.labels(**labels, cache="kv").set(kv.usage)
+            metrics.cache_used_pages.labels(**labels, cache="kv").set(kv.num_used)
         if scheduler.images is not None:
             images = scheduler.images
             metrics.cache_usage.labels(**labels, cache="image").set(images.pool.usage)
+            metrics.cache_used_pages.labels(**labels, cache="image").set(images.pool.num_used)
             metrics.encoder_cache_hits.labels(**labels).inc(images.num_hits - last_hits)
             metrics.encoder_cache_lookups.labels(**labels).inc(images.num_lookups - last_lookups)
             last_hits, last_lookups = images.num_hits, images.num_lookups
 
     return record
+
+
+def _publish_capacity(metrics: Metrics, engine: LLMEngine) -> None:
+    """The caches' sizes (fixed at start), and nothing used yet."""
+    scheduler = engine.scheduler
+    for cache, manager in (("kv", scheduler.kv), ("image", scheduler.images)):
+        if manager is not None:
+            metrics.cache_capacity_pages.labels(**metrics.labels, cache=cache).set(
+                manager.pool.num_blocks
+            )
+            metrics.cache_used_pages.labels(**metrics.labels, cache=cache).set(
+                manager.pool.num_used
+            )
 
 
 def _connect_router(
@@ -155,14 +178,17 @@ def create_app(settings: ServerSettings, freeze_heap: bool = False) -> FastAPI:
         engine = LLMEngine(config, memory)
         processor = InputProcessor(config.model_dir, engine.model_config)
         async_engine = AsyncEngine(engine, processor.decode, _step_recorder(metrics, engine))
+        _publish_capacity(metrics, engine)
         preprocess = _preprocess_pool(config, engine)
         startup.mark("engine_built")
         async with httpx.AsyncClient() as http:
             state = InstanceState(config, async_engine, processor, metrics, http)
             state.preprocess = preprocess
+            state.gpu = GpuMetrics.for_device(metrics, config.device)
             app.state.instance = state
             link = _connect_router(settings, state, memory) if memory is not None else None
             async_engine.start()
+            watchdog = asyncio.create_task(async_engine.watch())
             if link is not None:
                 link.start(engine)
             if freeze_heap:  # last, once start-up's objects are all made (gc_heap)
@@ -174,6 +200,9 @@ def create_app(settings: ServerSettings, freeze_heap: bool = False) -> FastAPI:
                 yield
             finally:
                 state.ready = False
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
                 if link is not None:
                     await link.stop()
                 if state.migration is not None:

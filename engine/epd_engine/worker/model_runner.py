@@ -30,6 +30,7 @@ from epd_engine.transfer.backend import CacheRegions
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory
 from epd_engine.worker.device_copy import to_device
 from epd_engine.worker.encode_stream import EncodeStream
+from epd_engine.worker.fault_injection import FaultInjector
 from epd_engine.worker.sampled_batch import SampledBatch
 from epd_engine.worker.sampler import Sampler
 
@@ -59,6 +60,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         dual_stream: bool = True,
         cuda_graphs: bool = False,
+        faults: FaultInjector | None = None,
     ) -> None:
         """``max_decode_seqs`` and ``max_model_len`` (both or neither): size the persistent
         decode buffers for that many decodes of that many tokens; without them every step
@@ -66,7 +68,9 @@ class ModelRunner:
         tower and a language model encodes on a stream of its own (encode_stream.py).
         ``cuda_graphs``: capture the decode forward per padded batch size
         (``model/decode_graphs.py``) where the device is CUDA and the attention backend is
-        graph-safe (FlashInfer); elsewhere it is ignored, with a log line."""
+        graph-safe (FlashInfer); elsewhere it is ignored, with a log line. ``faults``: a
+        device fault to inject into serving steps (tests, ``fault_injection.py``)."""
+        self.faults = faults or FaultInjector(None)
         self.vision = vision
         self.language = language
         self.shape = shape
@@ -291,6 +295,7 @@ class ModelRunner:
         (a decode step's GPU time hides the host's encode launches). Returns once the encodes
         are done; the tokens may still be on their way (``LaunchedStep.result``). A task whose
         last token is ``PENDING_TOKEN`` reads it from the previous launch's draws."""
+        self.faults.before_step()
         try:
             self.encode_stream.step_starts()
             tasks = out.token_tasks

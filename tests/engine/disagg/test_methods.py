@@ -45,17 +45,17 @@ def backend_matrix() -> list[tuple[Method, str]]:
 @pytest.fixture(params=backend_matrix(), ids=lambda p: f"{p[0].value}-{p[1]}")
 def method_system(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
-) -> Iterator[tuple[Method, str]]:
+) -> Iterator[tuple[Method, str, str]]:
     method, backend = request.param
     plan = plan_for(method, SECOND_INSTANCE[method])
     with local_system(tiny_model_dir, tmp_path, plan, transfer_backend=backend) as s:
-        yield method, s.spec.router_url
+        yield method, s.spec.router_url, backend
 
 
 def test_method_outputs_match_single_epd_instance(
-    method_system: tuple[Method, str], reference: dict[str, str]
+    method_system: tuple[Method, str, str], reference: dict[str, str]
 ) -> None:
-    method, url = method_system
+    method, url, backend = method_system
     outputs = asyncio.run(run_all(f"{url}/v1"))
     assert outputs == reference
     assert all(reference.values())
@@ -82,6 +82,8 @@ def test_method_outputs_match_single_epd_instance(
     assert 'outcome="success"' in metrics
     if method is not Method.EPD:
         assert "epd_migration_seconds_count" in metrics
+        # the targets count their pulls by the backend that moved them (auto: shm here)
+        assert pull_backends(url) == {"shm" if backend == "auto" else backend}
     # The workload histograms the operator re-plans on agree with the trace.
     sums = {
         s.name: s.value
@@ -95,6 +97,21 @@ def test_method_outputs_match_single_epd_instance(
     own_p90s = [float(np.percentile(r.tpot_s, 90)) for r in records if r.tpot_s]
     assert sums["epd_request_tpot_p90_seconds_sum"] == pytest.approx(sum(own_p90s))
     json.dumps([r.model_dump() for r in records])  # records are plain data
+
+
+def pull_backends(router_url: str) -> set[str]:
+    """The ``backend`` labels of every instance's pulls (epd_migration_pull_seconds)."""
+    headers = {"X-EPD-Token": internal_token()}
+    pools = httpx.get(f"{router_url}/internal/pools", headers=headers).json()["pools"]
+    backends = set()
+    for pool in pools.values():
+        for instance in pool["instances"]:
+            text = httpx.get(f"{instance['url']}/metrics").text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "epd_migration_pull_seconds_count" and sample.value:
+                        backends.add(sample.labels["backend"])
+    return backends
 
 
 def records_hash(records: list) -> str:  # type: ignore[type-arg]
