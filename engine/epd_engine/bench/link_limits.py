@@ -124,8 +124,9 @@ class RawGloo:
 
 
 def limit_for(backend: str, link_port: int, max_bytes: int) -> Limit:
-    """The physical limit of ``backend`` (shm: memcpy, tcp: raw socket, collective: gloo)."""
-    if backend == "shm":
+    """The physical limit of ``backend`` (shm and nixl on one host: memcpy, tcp: raw
+    socket, collective: gloo)."""
+    if backend in ("shm", "nixl"):
         return Memcpy(max_bytes)
     if backend == "tcp":
         return RawSocket(link_port, max_bytes)

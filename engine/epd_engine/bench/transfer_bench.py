@@ -32,12 +32,14 @@ from epd_engine.transfer.backend import CacheRegions, Exports, PageTransfer, Pee
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import PrivateMemory
 
-BACKENDS = ("tcp", "shm", "collective")  # auto is shm on one host, tcp across hosts
+BACKENDS = ("tcp", "shm", "collective", "nixl")  # auto is shm on one host, tcp across hosts
 SERVED_BY = {"tcp": "auto", "shm": "auto"}  # link_timings: an auto source serves both
 GOALS = {  # issue 11: bandwidth as a share of the backend's physical limit
     "shm": ("memcpy", 0.5),
     "tcp": ("raw_socket", 0.5),
     "collective": ("raw_gloo", 0.8),
+    # on one host UCX reads with one kernel copy (CMA: process_vm_readv), so memcpy bounds it
+    "nixl": ("memcpy", 0.5),
 }
 CASES = ("kv", "image", "page")
 SEED = 0

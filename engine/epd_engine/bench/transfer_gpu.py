@@ -1,9 +1,9 @@
 """``bench-transfer --gpu``: the GPU backends' pull of one LLaVA-1.5-7B request's caches
 between two processes on this machine's GPU, against a same-process copy of the same bytes.
 
-Per backend (``cuda_ipc``, ``nccl``) a page source starts as its own process with its caches
-on the GPU (``transfer_peer --device cuda``); this process builds the target side as an
-engine does and times whole pulls -- the 640-token KV in layer groups of 8 (contiguous
+Per backend (``cuda_ipc``, ``nccl``, ``nixl``) a page source starts as its own process with
+its caches on the GPU (``transfer_peer --device cuda``); this process builds the target side
+as an engine does and times whole pulls -- the 640-token KV in layer groups of 8 (contiguous
 destination pages, and the same pages scattered: the index gather/scatter path) and one
 image's embeddings -- each ended by the backend's own completion event (a pull returns
 only once its bytes are in place), p50/p90 over the repetitions, then checks the bytes.
@@ -43,7 +43,7 @@ from epd_engine.transfer.backend import CacheRegions, Exports, PageTransfer, Pee
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import PrivateMemory
 
-BACKENDS = ("cuda_ipc", "nccl")
+BACKENDS = ("cuda_ipc", "nccl", "nixl")
 GOALS_MS = {"kv": 8.0, "image": 2.0, "kv_scattered": 8.0}
 SEED = 0
 NCCL_REFUSALS = ("Duplicate GPU", "invalid usage", "INVALID_USAGE")
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench-transfer --gpu: no CUDA device visible")
         return 2
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    known = BACKENDS if args.device == "cuda" else ("shm", "collective", "tcp")
+    known = BACKENDS if args.device == "cuda" else ("shm", "collective", "tcp", "nixl")
     unknown = [b for b in backends if b not in known]
     if unknown or args.repeats < 1:
         p.error(f"unknown backends {unknown}" if unknown else "--repeats must be >= 1")

@@ -56,16 +56,26 @@ def format_table(shapes: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def default_backends() -> str:
+    """Every CPU backend; nixl only where NIXL is installed (named, its absence is an error)."""
+    from epd_engine.transfer.nixl_agent import nixl_missing
+
+    if (why := nixl_missing()) is not None:
+        print(f"bench-transfer: nixl left out: {why}")
+        return "tcp,shm,collective"
+    return "tcp,shm,collective,nixl"
+
+
 def _bench_transfer(args: argparse.Namespace) -> int:
     if args.gpu:
         from epd_engine.bench.transfer_gpu import main as bench_gpu
 
         argv = ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        argv += ["--backends", args.backends or "cuda_ipc,nccl"]
+        argv += ["--backends", args.backends or "cuda_ipc,nccl,nixl"]
         argv += [*(["--out", str(args.out)] if args.out else [])]
         argv += [*(["--run-dir", str(args.run_dir)] if args.run_dir else [])]
         return bench_gpu(argv)
-    args.backends = args.backends or "tcp,shm,collective"
+    args.backends = args.backends or default_backends()
     import torch
     from tqdm import tqdm
 
@@ -105,6 +115,7 @@ def _bench_transfer(args: argparse.Namespace) -> int:
             "warmup": args.warmup,
             "torch_threads": torch.get_num_threads(),
             "auto": "shm on one host (tcp across)",
+            "nixl": "UCX's choice between two processes on one host (CMA here)",
             "limits": {name: limit for name, (limit, _) in tb.GOALS.items()},
             "raw_limits_between": "two processes (link_peer sends, this process receives)",
         },
@@ -125,8 +136,8 @@ def register(subparsers: Any) -> None:
         description="Starts a page source per backend as its own process (caches of a real "
         "model's shape, random pages), pulls one request's KV (in layer groups), one image "
         "and one page into this process through each backend, and times a plain memcpy "
-        "(shm), a raw loopback socket (tcp) and gloo's own send/recv (collective) of the "
-        "same bytes in the same run.",
+        "(shm; nixl, whose UCX reads with one kernel copy on one host), a raw loopback "
+        "socket (tcp) and gloo's own send/recv (collective) of the same bytes in the same run.",
     )
     parser.add_argument(
         "--model", type=Path, default=Path("models/tiny-llava"),
@@ -136,12 +147,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated (default all)")
     parser.add_argument(
         "--backends",
-        help="comma-separated (default tcp,shm,collective; with --gpu cuda_ipc,nccl)",
+        help="comma-separated (default tcp,shm,collective,nixl; with --gpu cuda_ipc,nccl,nixl)",
     )
     parser.add_argument(
         "--gpu", action="store_true",
-        help="the GPU backends (cuda_ipc, nccl) on LLaVA-1.5-7B caches on this machine's GPU: "
-        "KV and image pull p50/p90 ms against a same-process device copy (bench/transfer_gpu)",
+        help="the GPU backends (cuda_ipc, nccl, nixl) on LLaVA-1.5-7B caches on this machine's "
+        "GPU: KV and image pull p50/p90 ms against a same-process device copy (bench/transfer_gpu)",
     )  # fmt: skip
     parser.add_argument("--num-tokens", type=int, default=640, help="KV tokens of the request")
     parser.add_argument("--layers-per-group", type=int, default=8, help="as the engine (8)")

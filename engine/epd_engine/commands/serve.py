@@ -149,9 +149,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         choices=TRANSFER_BACKENDS,
         help="cache migration backend: auto (CPU: shm with same-host peers, else tcp; CUDA: "
-        "cuda_ipc with same-node peers, else nccl), tcp, shm, collective (gloo), cuda_ipc "
-        "(CUDA IPC handles, same node), nccl (CuPy NCCL); cuda_ipc and nccl need --device "
-        "cuda (nccl also CuPy)",
+        "cuda_ipc with peers whose GPU this process sees, else nixl, tcp without NIXL), tcp, "
+        "shm, collective (gloo), nixl (NIXL over UCX: RDMA, CUDA IPC or TCP; CPU or CUDA), "
+        "cuda_ipc (CUDA IPC handles, same node), nccl (CuPy NCCL); cuda_ipc and nccl need "
+        "--device cuda (nccl also CuPy)",
     )
     p.add_argument(
         "--transfer-port",

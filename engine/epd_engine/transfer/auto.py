@@ -1,10 +1,10 @@
 """``auto`` backend: a same-host backend with peers on this host, a network one with the rest.
 
-On CPU caches: ``shm`` near, ``tcp`` far. On CUDA caches: ``cuda_ipc`` near, ``nccl`` far
-(``tcp`` without CuPy). It serves both (its offers describe both), and per peer it tries the
-near one when the peer runs on the same kernel; if connecting fails (pods on one node in
-separate network namespaces cannot reach each other's abstract sockets, a GPU not visible
-here) it remembers that and uses the far one.
+On CPU caches: ``shm`` near, ``tcp`` far. On CUDA caches: ``cuda_ipc`` near, ``nixl`` far
+(``tcp`` without NIXL; ``nccl`` only by name). It serves both (its offers describe both),
+and per peer it tries the near one when the peer runs on the same kernel; if connecting
+fails (pods on one node in separate network namespaces cannot reach each other's abstract
+sockets, a GPU not visible here) it remembers that and uses the far one.
 """
 
 from __future__ import annotations

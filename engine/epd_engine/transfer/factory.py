@@ -1,8 +1,9 @@
 """Build the configured backend and the cache memory it needs (shared for shm/auto on CPU).
 
-On CPU caches ``auto`` is shm + tcp; on CUDA caches it is cuda_ipc + nccl (tcp without
-CuPy). ``cuda_ipc`` and ``nccl`` are refused with a clear error unless the caches are on a
-CUDA device (and, for nccl, CuPy with NCCL imports): ``check_backend``.
+On CPU caches ``auto`` is shm + tcp; on CUDA caches it is cuda_ipc with peers whose GPU
+this process sees, else nixl (tcp without NIXL); ``nccl`` is asked for by name. ``cuda_ipc``
+and ``nccl`` are refused with a clear error unless the caches are on a CUDA device (and,
+for nccl, CuPy with NCCL imports), ``nixl`` unless NIXL imports: ``check_backend``.
 """
 
 from __future__ import annotations
@@ -48,17 +49,28 @@ def nccl_missing() -> str | None:
     return None
 
 
+def nixl_missing() -> str | None:
+    """Why the nixl backend cannot run here (NIXL not installed), or None."""
+    from epd_engine.transfer.nixl_agent import nixl_missing as missing
+
+    return missing()
+
+
 def check_backend(backend: str, device: str) -> None:
     """``ValueError`` saying why ``backend`` cannot move caches on ``device``."""
     on_cuda = torch.device(device).type == "cuda"
+    if backend == "nixl" and (why := nixl_missing()) is not None:
+        raise ValueError(why)
     if backend == "shm" and on_cuda:
-        raise ValueError("the shm backend moves CPU caches; on GPUs use auto, cuda_ipc or nccl")
+        raise ValueError(
+            "the shm backend moves CPU caches; on GPUs use auto, cuda_ipc, nixl or nccl"
+        )
     if backend not in GPU_TRANSFER_BACKENDS:
         return
     if not on_cuda:
         raise ValueError(
             f"the {backend} backend moves CUDA caches and the device is {device}; "
-            "on CPU use auto, shm, tcp or collective"
+            "on CPU use auto, shm, tcp, nixl or collective"
         )
     if not torch.cuda.is_available():
         raise ValueError(f"the {backend} backend needs a CUDA device; none is visible")
@@ -95,6 +107,11 @@ def make_backend(
                                  settings.advertise_host, settings.timeout_s,
                                  communicator)  # fmt: skip
 
+    def nixl() -> TransferBackend:
+        from epd_engine.transfer.nixl import NixlBackend
+
+        return NixlBackend(regions, settings.timeout_s)
+
     name = settings.backend
     on_cuda = cache_device(regions).type == "cuda"
     check_backend(name, str(cache_device(regions)))
@@ -104,7 +121,9 @@ def make_backend(
         near = CudaIpcBackend(regions, token)
         if name == "cuda_ipc":
             return near
-        return AutoBackend(near, tcp() if nccl_missing() else collective("nccl"))
+        return AutoBackend(near, tcp() if nixl_missing() else nixl())
+    if name == "nixl":
+        return nixl()
     if name == "nccl":
         return collective("nccl")
     if name == "collective":

@@ -367,7 +367,8 @@ class EngineSpec(PodSettings):
     transfer_backend: TransferBackendName = Field(
         default="auto",
         description="Cache migration backend: auto (CPU: shared memory with same-host peers, "
-        "else tcp; GPU: cuda_ipc with same-node peers, else nccl), tcp, shm, collective, "
+        "else tcp; GPU: cuda_ipc with peers whose GPU the instance sees, else nixl, tcp "
+        "without NIXL), tcp, shm, collective, nixl (NIXL over UCX: RDMA, CUDA IPC or TCP), "
         "cuda_ipc and nccl (GPU caches only).",
     )
     resources: Resources = Field(default_factory=Resources, json_schema_extra=_OBJ)

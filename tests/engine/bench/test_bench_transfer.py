@@ -12,6 +12,10 @@ import pytest
 
 from epd_engine.bench.transfer_bench import BACKENDS, GOALS
 from epd_engine.cli import main
+from tests.engine.transfer.nixl_skip import NIXL_MISSING
+
+# nixl runs where NIXL is installed (the dev extra); elsewhere the command leaves it out
+RUN = [b for b in BACKENDS if b != "nixl" or NIXL_MISSING is None]
 
 
 def positive(value: object) -> bool:
@@ -37,7 +41,7 @@ def test_a_small_run_moves_every_backend_and_reports_each_ratio(
     assert shape["name"] == "tiny" and shape["num_tokens"] == 40
     page_bytes = 2 * 16 * 2 * 16 * 4  # K and V x 16 tokens x 2 KV heads x head dim 16, fp32
     assert shape["kv_bytes"] == 3 * 2 * page_bytes  # 40 tokens in 3 pages, 2 layers
-    assert set(shape["backends"]) == set(BACKENDS)
+    assert set(shape["backends"]) == set(RUN)
     for name, result in shape["backends"].items():
         assert result["verified"], name  # the pages arrived exactly
         assert result["limit"] == GOALS[name][0]
@@ -50,6 +54,6 @@ def test_a_small_run_moves_every_backend_and_reports_each_ratio(
             figures += [limit["bandwidth_Bps"], c["ratio"], c["paired_ratio"]["p50"]]
             assert all(positive(value) for value in figures), (name, case, figures)
         assert isinstance(result["kv"]["goal_met"], bool)
-    assert len(report["summary"]) == len(BACKENDS) * 2  # kv and image per backend
+    assert len(report["summary"]) == len(RUN) * 2  # kv and image per backend
     table = capsys.readouterr().out
-    assert all(name in table for name in BACKENDS)
+    assert all(name in table for name in RUN)

@@ -22,12 +22,13 @@ from epd_engine.config import Method, internal_token
 from epd_engine.launcher import LocalSystem
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.server.images import image_message
+from tests.engine.transfer.nixl_skip import backend_param
 
 pytestmark = pytest.mark.slow
 PULL_DELAY_S = 3.0
 
 
-@pytest.fixture(scope="module", params=["shm", "tcp", "collective"])
+@pytest.fixture(scope="module", params=["shm", "tcp", "collective", backend_param("nixl")])
 def system(
     request: pytest.FixtureRequest,
     tiny_model_dir: Path,

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -18,6 +19,7 @@ from epd_engine.config import Method, Stage, internal_token
 from epd_engine.contracts.trace import parse_trace
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.disagg.workload import CASES, run_all
+from tests.engine.transfer.nixl_skip import backend_param
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +33,16 @@ SECOND_INSTANCE = {
 }
 
 
-def backend_matrix() -> list[tuple[Method, str]]:
-    """Every method on ``auto`` (shared memory here). On tcp and collective: E+P+D (image and
-    KV hops) and ED+P (KV goes back to the instance that encoded); the full 5 x 4 matrix
-    (about 30 minutes on two cores) with ``EPD_TEST_ALL_BACKENDS=1``."""
+def backend_matrix() -> list[Any]:
+    """Every method on ``auto`` (shared memory here). On tcp, collective and nixl: E+P+D
+    (image and KV hops) and ED+P (KV goes back to the instance that encoded); the full 5 x 5
+    matrix (about 40 minutes on two cores) with ``EPD_TEST_ALL_BACKENDS=1``."""
     if os.environ.get("EPD_TEST_ALL_BACKENDS") == "1":
-        return [(m, b) for b in ("auto", "shm", "tcp", "collective") for m in SECOND_INSTANCE]
+        every = ("auto", "shm", "tcp", "collective", "nixl")
+        return [backend_param(b, m) for b in every for m in SECOND_INSTANCE]
+    pairs = (Method.E_P_D, Method.ED_P)
     return [(m, "auto") for m in SECOND_INSTANCE] + [
-        (m, b) for b in ("tcp", "collective") for m in (Method.E_P_D, Method.ED_P)
+        backend_param(b, m) for b in ("tcp", "collective", "nixl") for m in pairs
     ]
 
 

@@ -25,6 +25,7 @@ from epd_engine.request import CacheKind
 from epd_engine.transfer.auto import AutoBackend
 from epd_engine.transfer.backend import PageTransfer, Peer, TransferError
 from epd_engine.transfer.memory import PrivateMemory
+from tests.engine.transfer.nixl_skip import NIXL_MISSING, backend_param
 from tests.engine.transfer.peers import (
     SEED,
     SPEC,
@@ -35,7 +36,9 @@ from tests.engine.transfer.peers import (
 )
 
 pytestmark = pytest.mark.slow
-BACKENDS = ["tcp", "shm", "collective", "auto"]
+# nixl where NIXL is installed (the dev extra has it); its tests say why they skip elsewhere
+BACKENDS = ["tcp", "shm", "collective", "auto", *(["nixl"] if NIXL_MISSING is None else [])]
+EVERY_BACKEND = ["tcp", "shm", "collective", "auto", backend_param("nixl")]
 
 
 def reference() -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -58,7 +61,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name", EVERY_BACKEND)
 async def test_pages_arrive_exactly_where_named(
     name: str, sources: dict[str, Source], http: httpx.AsyncClient
 ) -> None:

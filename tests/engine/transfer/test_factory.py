@@ -1,5 +1,5 @@
-"""Which backend a setting builds, and the clear refusals of the GPU backends where they
-cannot run (caches not on CUDA, no CuPy)."""
+"""Which backend a setting builds, and the clear refusals of the backends where they cannot
+run (caches not on CUDA, no CuPy, no NIXL)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from epd_engine.transfer.factory import (
     make_backend,
     nccl_missing,
 )
+from epd_engine.transfer.memory import PrivateMemory
+from tests.engine.transfer.nixl_skip import needs_nixl
 from tests.engine.transfer.peers import SPEC
 
 
 def test_every_name_the_api_accepts_is_built_by_this_engine() -> None:
     assert set(AVAILABLE_TRANSFER_BACKENDS) == set(TRANSFER_BACKENDS)
-    assert {"cuda_ipc", "nccl"} <= set(TRANSFER_BACKENDS)
+    assert {"cuda_ipc", "nccl", "nixl"} <= set(TRANSFER_BACKENDS)
 
 
 @pytest.mark.parametrize("name", ["cuda_ipc", "nccl"])
@@ -69,6 +71,35 @@ async def test_auto_on_cpu_is_shm_near_and_tcp_far_and_forwards_control_far() ->
             assert (backend.near.name, backend.far.name) == ("shm", "tcp")
             assert set(backend.describe()) == {"shm", "tcp"}
             with pytest.raises(TransferError, match="tcp backend has no control operation"):
+                await backend.control("connect", {})
+        finally:
+            await backend.close()
+
+
+def test_nixl_without_nixl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> None:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr("epd_engine.transfer.nixl_agent.import_module", missing)
+    with pytest.raises(ValueError, match=r"the nixl backend needs NIXL: pip install"):
+        check_backend("nixl", "cpu")
+
+
+@needs_nixl
+async def test_nixl_builds_on_cpu_caches_in_private_memory() -> None:
+    memory = cache_memory("nixl", "cpu")
+    assert isinstance(memory, PrivateMemory)  # peers read it through NIXL, not a mapping
+    regions = SPEC.allocate(memory)
+    async with httpx.AsyncClient() as http:
+        backend = make_backend(
+            TransferSettings(backend="nixl"), memory, regions, Exports(), http, "t"
+        )
+        try:
+            info = backend.describe()["nixl"]
+            names = [r["name"] for r in info["regions"]]
+            assert names == [f"kv.{i}" for i in range(SPEC.num_layers)] + ["image"]
+            assert info["agent"].startswith("epd-") and info["metadata"]
+            with pytest.raises(TransferError, match="nixl backend has no control operation"):
                 await backend.control("connect", {})
         finally:
             await backend.close()

@@ -1,4 +1,4 @@
-"""The GPU backends between two processes on one GPU: ``cuda_ipc`` and ``nccl`` pull pages
+"""The GPU backends between two processes on one GPU: ``cuda_ipc``, ``nccl`` and ``nixl`` pull pages
 whose bytes are identical to the source's (random pages; the destination poisoned first,
 untouched pages must stay poisoned), through slice copies and the index gather/scatter.
 
@@ -22,6 +22,7 @@ from epd_engine.bench.transfer_peer import CacheSpec, fill
 from epd_engine.request import CacheKind
 from epd_engine.transfer.backend import CacheRegions, PageTransfer, TransferError
 from epd_engine.transfer.memory import PrivateMemory
+from tests.engine.transfer.nixl_skip import backend_param, needs_nixl
 from tests.engine.transfer.peers import SEED, expose, source_processes, target_backend
 
 SPEC = CacheSpec(num_layers=5, num_kv_pages=12, num_image_pages=4, dtype="float16")
@@ -109,9 +110,22 @@ def test_nccl_pulls_exact_bytes_between_processes(tmp_path: Path) -> None:
         pytest.skip(refused)
 
 
+# UCX picks its transports (cuda_ipc on one GPU); tcp,cuda_copy is what two pods without an
+# RDMA device leave it: device pages staged through host memory over TCP.
+@pytest.mark.gpu
+@needs_nixl
+@pytest.mark.parametrize("ucx_tls", ["", "tcp,cuda_copy"], ids=["ucx-choice", "tcp"])
+def test_nixl_pulls_exact_bytes_between_processes(
+    ucx_tls: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if ucx_tls:
+        monkeypatch.setenv("UCX_TLS", ucx_tls)  # the source process inherits it
+    assert asyncio.run(pull_and_check("nixl", tmp_path)) is None
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["shm", "collective"])
+@pytest.mark.parametrize("name", ["shm", "collective", backend_param("nixl")])
 def test_the_same_checks_hold_for_the_cpu_twins(name: str, tmp_path: Path) -> None:
     """Runs without a GPU: the checks above are sound (shm is cuda_ipc's twin, collective
-    runs nccl's protocol)."""
+    runs nccl's protocol, nixl is the same backend on CPU memory)."""
     assert asyncio.run(pull_and_check(name, tmp_path, device="cpu")) is None
