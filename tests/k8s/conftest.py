@@ -223,40 +223,58 @@ def loopback_router() -> Iterator[LoopbackRouter]:
         router.stop()
 
 
-@pytest.fixture(scope="module")  # gone before the real-pod tests start their operator pod
-def operator(
-    cluster: Cluster, chart: str, loopback_router: LoopbackRouter
-) -> Iterator[subprocess.Popen]:
-    """The operator as a local ``kopf run`` process with the chart's ServiceAccount token."""
+def start_operator(
+    kubeconfig: Path, router_url: str, log_path: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """The operator as a local ``kopf run`` process (output appended to ``log_path``)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    kubeconfig = _service_account_kubeconfig(cluster, chart)
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "EPD_OPERATOR_RESYNC_S": "1",
         "EPD_OPERATOR_ROUTER_TIMEOUT_S": "0.5",
-        "EPD_OPERATOR_ROUTER_URLS": loopback_router.url,
+        "EPD_OPERATOR_ROUTER_URLS": router_url,
+        **(extra_env or {}),
     }
-    log = (LOG_DIR / "operator.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kopf", "run", "-m", "epd_operator.kube.handlers",
-         "--all-namespaces", "--standalone", "--verbose"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-    )  # fmt: skip
+    with log_path.open("a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kopf", "run", "-m", "epd_operator.kube.handlers",
+             "--all-namespaces", "--standalone", "--verbose"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+
+
+def stop_operator(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def operator_kubeconfig(cluster: Cluster, chart: str) -> Path:
+    """A kubeconfig with the chart's ServiceAccount token: the operator's RBAC exactly."""
+    return _service_account_kubeconfig(cluster, chart)
+
+
+@pytest.fixture(scope="module")  # gone before the real-pod tests start their operator pod
+def operator(
+    operator_kubeconfig: Path, loopback_router: LoopbackRouter
+) -> Iterator[subprocess.Popen]:
+    """The operator as a local ``kopf run`` process with the chart's ServiceAccount token."""
+    log_path = LOG_DIR / "operator.log"
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    proc = start_operator(operator_kubeconfig, loopback_router.url, log_path)
     time.sleep(2)
     if proc.poll() is not None:
-        raise AssertionError(
-            f"operator exited at start:\n{(LOG_DIR / 'operator.log').read_text()[-4000:]}"
-        )
+        raise AssertionError(f"operator exited at start:\n{log_path.read_text()[-4000:]}")
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_operator(proc)
 
 
 @pytest.fixture

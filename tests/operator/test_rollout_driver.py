@@ -20,7 +20,7 @@ from epd_engine.contracts.plan import Plan
 from epd_engine.local.ports import free_port
 from epd_operator.kube import manifests as r
 from epd_operator.kube.manifests import PoolSpec
-from epd_operator.rollout.driver import RolloutState, rollout_pass
+from epd_operator.rollout.driver import CHECKPOINTS, RolloutState, rollout_pass
 from epd_operator.rollout.router_fleet import RouterFleet
 from epd_operator.rollout.state_machine import ObservedPool
 from tests.operator.conftest import make_owner
@@ -135,3 +135,66 @@ def test_a_replica_that_misses_the_switch_keeps_old_pools_until_it_confirms(
     assert reasons[-1] == "RolloutComplete", reasons
     assert set(rollout.backend.deleted) == names(OLD)
     assert rollout.state.active_pools == names(NEW)
+
+
+class Stopped(Exception):
+    """The operator process ended here (what ``EPD_OPERATOR_EXIT_AT`` does with os._exit)."""
+
+
+@pytest.mark.parametrize("stop_at", CHECKPOINTS)
+def test_a_pass_cut_short_anywhere_is_completed_by_the_next(
+    two_routers: list[str], stop_at: str
+) -> None:
+    """Level-triggered: a pass stopped after any of its actions, before its status was
+    written, leaves a state the next passes (from the status before it) complete, deleting
+    each old pool once and reporting the switch once."""
+    rollout = Rollout(MemoryPools(), RouterFleet(two_routers, TOKEN, timeout_s=5))
+    assert rollout.to(OLD, 4)[-1] == "RolloutComplete"
+    rollout.events.clear()
+    desired = r.pool_specs(make_owner(), NEW)
+    reached = []
+
+    def checkpoint(point: str) -> None:
+        reached.append(point)
+        if point == stop_at:
+            raise Stopped(point)
+
+    with pytest.raises(Stopped):
+        for _ in range(8):  # the state is kept only by passes that end (as status)
+            outcome = rollout_pass(
+                rollout.backend, rollout.fleet, desired, NEW, rollout.state, rollout.now, 8,
+                600, lambda *e: rollout.events.append(e), settle_s=1, checkpoint=checkpoint,
+            )  # fmt: skip
+            rollout.state = outcome.state
+            rollout.backend.tick()
+            rollout.now += timedelta(seconds=1)
+    assert reached[-1] == stop_at
+    rollout.backend.tick()
+    rollout.now += timedelta(seconds=1)
+    reasons = rollout.to(NEW, 6)
+    assert reasons[-1] == "RolloutComplete", reasons
+    assert sorted(rollout.backend.deleted) == sorted(names(OLD))  # each once
+    assert set(rollout.backend.pools) == names(NEW) == rollout.state.active_pools
+    assert all(routing_of(u) == sorted(names(NEW)) for u in two_routers)
+    switched = [m for _, reason, m in rollout.events if reason == "Switched"]
+    assert len(switched) == 1, rollout.events
+    assert ", ".join(sorted(names(NEW))) in switched[0]
+
+
+def test_a_restarted_replica_is_given_the_routing_again(tmp_path: Path) -> None:
+    """A router that restarts knows no routing (it sends to every registered pool); the next
+    pass finds it disagreeing and PUTs the confirmed routing to it alone."""
+    port = free_port()
+    with start_router(tmp_path / "steady") as steady:
+        urls = [steady, f"http://127.0.0.1:{port}"]
+        with start_router(tmp_path / "first", port=port):
+            rollout = Rollout(MemoryPools(), RouterFleet(urls, TOKEN, timeout_s=5))
+            assert rollout.to(OLD, 4)[-1] == "RolloutComplete"
+            assert routing_of(urls[1]) == sorted(names(OLD))
+        with start_router(tmp_path / "again", port=port):
+            assert routing_of(urls[1]) is None  # a fresh process: no routing yet
+            rollout.events.clear()
+            assert rollout.to(OLD, 1) == ["RolloutComplete"]
+            assert routing_of(urls[1]) == sorted(names(OLD))
+    assert [reason for _, reason, _ in rollout.events] == ["RoutingRestored"]
+    assert urls[1] in rollout.events[0][2]

@@ -35,7 +35,7 @@ from epd_operator.planning.planner import (
     workload_stats,
 )
 from epd_operator.planning.prometheus import Prometheus, with_live_attainment
-from epd_operator.rollout.driver import RolloutState, rollout_pass
+from epd_operator.rollout.driver import Checkpoint, RolloutState, no_checkpoint, rollout_pass
 from epd_operator.rollout.pool_identity import PoolSpec
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
@@ -159,6 +159,7 @@ def reconcile(
     plan_timeout_s: float = PLAN_TIMEOUT_S,
     plan_max_requests: int = MAX_PLAN_REQUESTS,
     router_urls: Sequence[str] = (),
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> dict[str, Any]:
     """Converge the children of one EPDDeployment; returns the new ``status`` (camelCase)."""
     now = datetime.now(UTC)
@@ -228,6 +229,7 @@ def reconcile(
         spec.rollout.drain_timeout_seconds,
         post_event,
         router_ready=kube.router_ready(namespace, r.router_name(owner)),
+        checkpoint=checkpoint,
     )
     decision = outcome.status
     # The router reads this at start: the routing every replica confirmed (None: all pools).

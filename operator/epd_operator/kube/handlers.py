@@ -94,6 +94,7 @@ def reconcile_timer(
             plan_timeout_s=SETTINGS.plan_timeout_s,
             plan_max_requests=SETTINGS.plan_max_requests,
             router_urls=SETTINGS.router_urls,
+            checkpoint=SETTINGS.checkpoint,
         )
     except ApiException as exc:
         operator_metrics.RECONCILES.labels(namespace or "default", name, "api_error").inc()

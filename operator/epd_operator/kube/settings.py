@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+EXIT_AT_CODE = 75  # how a process stopped by EPD_OPERATOR_EXIT_AT exits
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,9 @@ class OperatorSettings:
     # the cluster, or a test gives it a router on loopback); empty: the router pods' IPs.
     router_urls: tuple[str, ...] = ()
     metrics_port: int = 0  # the operator's own /metrics (operator_metrics.py); 0: not served
+    # Restart drills only: the process exits at once (as if killed) when a rollout pass
+    # reaches this point (``rollout.driver.CHECKPOINTS``), before status is written.
+    exit_at: str = ""
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -35,7 +41,14 @@ class OperatorSettings:
             router_urls=tuple(
                 u.strip() for u in env.get("EPD_OPERATOR_ROUTER_URLS", "").split(",") if u.strip()
             ),
+            exit_at=env.get("EPD_OPERATOR_EXIT_AT", ""),
         )
+
+    def checkpoint(self, point: str) -> None:
+        """A rollout pass reached ``point``: exit there when a restart drill asks for it."""
+        if point == self.exit_at:
+            print(f"EPD_OPERATOR_EXIT_AT={point}: exiting mid-pass", file=sys.stderr, flush=True)
+            os._exit(EXIT_AT_CODE)
 
     @property
     def timer_interval_s(self) -> float:

@@ -10,6 +10,12 @@ processes; only ``PoolBackend`` differs. The order inside a pass is what keeps r
 4. delete the old pools the decision allows: it was made on a read in which every replica
    already routed elsewhere, so their in-flight counts were read after the switch;
 5. observe again and describe what is now true (status pools and conditions).
+
+Nothing else is remembered: a pass cut short anywhere (the operator killed after creating
+pools, after a PUT, after a delete, before status was written) leaves a state the next pass
+reads back and goes on from. ``checkpoint`` names those points (the restart tests stop the
+operator there); a switch found confirmed on every replica but not in ``state`` (made by a
+pass that did not get to record it) is reported then.
 """
 
 from __future__ import annotations
@@ -25,6 +31,18 @@ from epd_operator.rollout.router_fleet import RouterFleet
 from epd_operator.rollout.state_machine import Decision, Observed, ObservedPool, rollout_step
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
+Checkpoint = Callable[[str], None]  # a point of the pass reached, with its action done
+
+# the points ``checkpoint`` is called at, in pass order
+POOLS_APPLIED = "pools_applied"  # new pools created or grown
+ROUTING_SENT = "routing_sent"  # the new routing PUT to every replica, not read back yet
+ROUTING_CONFIRMED = "routing_confirmed"  # read back from every replica, not in status yet
+POOLS_DELETED = "pools_deleted"  # drained pools deleted, not in status yet
+CHECKPOINTS = (POOLS_APPLIED, ROUTING_SENT, ROUTING_CONFIRMED, POOLS_DELETED)
+
+
+def no_checkpoint(_: str) -> None:
+    pass
 
 
 class PoolBackend(Protocol):
@@ -67,6 +85,7 @@ def rollout_pass(
     post_event: PostEvent,
     router_ready: bool = True,
     settle_s: float | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> RolloutOutcome:
     timing = {} if settle_s is None else {"settle_s": settle_s}
     observed = Observed(
@@ -81,22 +100,35 @@ def rollout_pass(
     by_name = {p.name: p for p in desired}
     for name, replicas in decision.replicas.items():
         backend.apply_pool(replace(by_name[name], replicas=replicas))
+    if decision.scale:
+        checkpoint(POOLS_APPLIED)
 
     view = observed.router
     switched = False
     if decision.route_to and decision.route_to != view.confirmed:
         serves_plan = decision.route_to == frozenset(by_name)
         failed = fleet.switch(decision.route_to, plan if serves_plan else None, view)
+        checkpoint(ROUTING_SENT)
         view = fleet.read()
         if view.confirmed == decision.route_to:
-            switched = True
+            checkpoint(ROUTING_CONFIRMED)
             was = observed.router.confirmed or state.active_pools
-            post_event(
-                "Normal",
-                "Switched",
-                f"Every router replica ({len(view.addresses)}) now sends requests to "
-                f"{_names(decision.route_to)} (was {_names(was)})",
-            )
+            if was == decision.route_to:  # a replica that lost it (restarted) has it back
+                behind = sorted(a for a, r in observed.router.routing.items() if r != was)
+                post_event(
+                    "Normal",
+                    "RoutingRestored",
+                    f"Router replica(s) {', '.join(behind) or 'none'} given the routing "
+                    f"again: {_names(was)}",
+                )
+            else:
+                switched = True
+                post_event(
+                    "Normal",
+                    "Switched",
+                    f"Every router replica ({len(view.addresses)}) now sends requests to "
+                    f"{_names(decision.route_to)} (was {_names(was)})",
+                )
         else:
             missing = sorted(set(failed) | set(view.unreachable)) or [
                 a for a, r in view.routing.items() if r != decision.route_to
@@ -107,8 +139,21 @@ def rollout_pass(
                 f"Routing to {_names(decision.route_to)} not confirmed by router replica(s) "
                 f"{', '.join(missing) or 'none (no router address known)'}; retrying next pass",
             )
+    elif state.active_pools and decision.route_to == view.confirmed != state.active_pools:
+        # every replica took a switch that a pass cut short did not record (the operator
+        # restarted between its PUT and its status): the switch happened, say so now
+        switched = True
+        post_event(
+            "Normal",
+            "Switched",
+            f"Every router replica ({len(view.addresses)}) now sends requests to "
+            f"{_names(decision.route_to)} (was {_names(state.active_pools)}; "
+            "switched by an earlier pass)",
+        )
     for name in decision.delete:
         backend.delete_pool(name)
+    if decision.delete:
+        checkpoint(POOLS_DELETED)
     for event in decision.events:
         post_event(event.type, event.reason, event.message)
 
