@@ -104,8 +104,8 @@ class Agent:
         # The wrapper takes no progress delay: swap in a core agent made with one, before any
         # backend exists (a backend reads the delay when it starts its thread).
         agent.agent = api.nixlBind.nixlAgent(self.name, config)
-        # Without peer error handling UCX aborts the process when a peer's endpoint fails
-        # (seen: a source resumed after a stall died of "Endpoint timeout").
+        # Peer error handling (the plugin's default, said here): a peer that dies mid-read
+        # fails that read, not this process (seen: a target killed mid-read, source alive).
         agent.create_backend("UCX", {"ucx_error_handling_mode": "peer"})
         return agent
 
