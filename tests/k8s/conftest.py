@@ -133,6 +133,9 @@ def chart(cluster: Cluster) -> Iterator[str]:
         "--set", "operator.resyncSeconds=1",
         timeout_s=180,
     )  # fmt: skip
+    # helm installs a chart's CRDs only when they are missing: a cluster kept from an earlier
+    # session would keep an older schema
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     cluster.kubectl(
         "wait", "--for", "condition=Established", "--timeout", "60s",
         "crd/epddeployments.epd.serving.dev",

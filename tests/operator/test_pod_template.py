@@ -243,3 +243,15 @@ def test_terminating_engines_drain_within_the_grace_period(owner: Owner) -> None
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
     args = build_parser().parse_args(container["args"])
     assert args.drain_timeout == 50  # leaves 10 s to shut down before SIGKILL
+
+
+def test_a_toleration_of_a_lost_node_is_rendered_with_its_seconds() -> None:
+    """``tolerationSeconds`` (NoExecute) shortens how long a pool stays on a node that stopped
+    reporting before it is evicted and started elsewhere (300 s by default)."""
+    unreachable = {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                   "effect": "NoExecute", "tolerationSeconds": 30}  # fmt: skip
+    owner = make_owner(engine={"roles": {"D": {"tolerations": [unreachable]}}})
+    decode = _pods(owner)[Role.D]["spec"]["template"]["spec"]
+    assert decode["tolerations"] == [unreachable]
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        make_owner(engine={"tolerations": [{**unreachable, "tolerationSeconds": -1}]})

@@ -46,6 +46,9 @@ class Toleration(SpecModel):
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str = ""
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+    # NoExecute only: how long a pod stays on a node with the taint (e.g. 30 with
+    # node.kubernetes.io/unreachable reschedules a lost node's pods after 30 s, not 300 s)
+    toleration_seconds: int | None = Field(default=None, ge=0)
 
 
 class Resources(SpecModel):

@@ -1,9 +1,19 @@
-"""Pod failures that the Deployments' counts do not tell: crash loops, image pulls, OOM kills.
+"""Pod failures that the Deployments' counts do not tell: crash loops, image pulls, OOM kills,
+and pods on a node that stopped reporting.
 
 A Deployment whose pods crash-loop reports fewer ready replicas and nothing else, so status
 would read "progressing" forever. Every pass reads the container states of this deployment's
 engine and router pods and, when one is failing, sets Degraded with the reason and the pods
 named, and posts a Warning event when that finding changes (not on every pass).
+
+A lost node (its kubelet stopped, the machine down or cut off) is read from the pods too, so
+the operator needs no access to Node objects: when a node stops reporting for the node
+controller's grace period (``--node-monitor-grace-period``, 50 s by default) the controller
+turns its pods' ``Ready`` condition False and leaves ``ContainersReady`` as the kubelet last
+set it. A pod that is not Ready while its containers are is on such a node (``NodeLost``,
+listed first: it takes every pool there). The controller evicts the pods after their
+toleration of ``node.kubernetes.io/unreachable`` (300 s unless the pod says otherwise) and the
+Deployment starts them again where they fit; an evicted pod is not reported again.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ WAITING_REASONS = {
     "CreateContainerError": "ContainerConfigError",
 }
 OOM_KILLED = "OOMKilled"
+NODE_LOST = "NodeLost"
 MAX_NAMED = 3  # pods named in the condition message; the rest are counted
 
 ConditionTuples = dict[str, tuple[str, str, str]]  # type -> (status, reason, message)
@@ -65,11 +76,37 @@ def _container_problem(pod: str, cs: Any) -> PodProblem | None:
     return PodProblem(WAITING_REASONS[waiting.reason], pod, cs.name, detail)
 
 
+def _node_lost(pod: Any) -> PodProblem | None:
+    """The pod is on a node that stopped reporting: the node controller, not the kubelet,
+    made it not Ready (the kubelet sets Ready from the containers' readiness)."""
+    conditions = {c.type: c for c in pod.status.conditions or []}
+    ready, containers = conditions.get("Ready"), conditions.get("ContainersReady")
+    if ready is None or containers is None or pod.spec is None or not pod.spec.node_name:
+        return None
+    if ready.status != "False" or containers.status != "True":
+        return None
+    if ready.reason == "ReadinessGatesNotReady":  # not Ready for a gate of its own
+        return None
+    since = ready.last_transition_time
+    when = f" since {since.strftime('%H:%M:%SZ')}" if since is not None else ""
+    container = pod.spec.containers[0].name if pod.spec.containers else ""
+    detail = (
+        f"node {pod.spec.node_name} stopped reporting (the pod is not Ready{when}, its "
+        "containers last reported ready); the pod is replaced once the node controller evicts it"
+    )
+    return PodProblem(NODE_LOST, pod.metadata.name, container, detail)
+
+
 def problems_of(pods: list[Any]) -> list[PodProblem]:
-    """The failing containers of ``pods`` (V1Pod objects), OOM kills first, then by pod name."""
+    """The failing containers of ``pods`` (V1Pod objects): pods on a lost node first, then OOM
+    kills, then by pod name."""
     found = []
     for pod in pods:
         if pod.metadata is None or pod.status is None or pod.metadata.deletion_timestamp:
+            continue
+        lost = _node_lost(pod)
+        if lost is not None:
+            found.append(lost)
             continue
         statuses = [
             *(pod.status.init_container_statuses or []),
@@ -79,7 +116,8 @@ def problems_of(pods: list[Any]) -> list[PodProblem]:
             problem = _container_problem(pod.metadata.name, cs)
             if problem is not None:
                 found.append(problem)
-    return sorted(found, key=lambda p: (p.reason != OOM_KILLED, p.pod, p.container))
+    order = {NODE_LOST: 0, OOM_KILLED: 1}
+    return sorted(found, key=lambda p: (order.get(p.reason, 2), p.pod, p.container))
 
 
 def observe(kube: Kube, owner: r.Owner) -> list[PodProblem]:

@@ -128,7 +128,9 @@ def place(
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
-        pod_spec["tolerations"] = [t.model_dump(exclude_defaults=True) for t in tolerations]
+        pod_spec["tolerations"] = [
+            t.model_dump(exclude_defaults=True, by_alias=True) for t in tolerations
+        ]
 
 
 def pull_secrets(owner: Owner) -> list[dict[str, Any]]:
