@@ -157,7 +157,8 @@ def test_every_dashboard_query_returns_data(live: Live, path: Path) -> None:
             assert not values, f"{where}: GPU series on a CPU system"
         elif not values:
             empty.append(f"{where}: {expr}")
-    assert checked > 30
+    # every query was found and evaluated (the overview has dozens; a focused board a few)
+    assert checked >= (30 if path.name == "epd-overview.json" else 5)
     assert not empty, "no data for:\n" + "\n".join(empty)
 
 
