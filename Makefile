@@ -140,6 +140,11 @@ bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, rou
 
 .PHONY: bench-disagg
 
+bench-prefix: venv model ## Prefix cache on vs off, multi-turn sessions, EPD and E+P+D: TTFT, prefill tokens, KV pages pulled (ratios, JSON)
+	$(PY) -m benchmarks.bench_prefix --model $(MODEL_DIR) --out benchmarks/results/prefix-cpu.json
+
+.PHONY: bench-prefix
+
 bench-switch: venv model ## Switch under load through every method + a ratio: failures, TTFT around switches, decision->serving (JSON)
 	$(PY) -m benchmarks.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
 
