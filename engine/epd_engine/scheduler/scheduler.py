@@ -434,8 +434,13 @@ class Scheduler:
         self.requests.pop(request.request_id, None)
 
     def _after_step(self, request: Request) -> None:
-        if self.kv is not None and self.kv.hasher is not None:
-            register_written(self.kv, request)
+        kv = self.kv  # a page filled up (every block_size tokens): register it
+        if (
+            kv is not None
+            and kv.hasher is not None
+            and request.num_computed_tokens // kv.block_size > request.num_registered_pages
+        ):
+            register_written(kv, request)
         stage = request.next_stage
         if stage is Stage.DECODE and self.images is not None:
             self.images.release(request.request_id)  # prefill consumed the embeddings
