@@ -20,6 +20,7 @@ from epd_engine.api.h11_client import connect, parse_target, read_answer
 
 Origin = tuple[str, int, bool]  # host, port, https
 MAX_IDLE_S = 4.0
+SWEEP_EVERY_S = 1.0
 
 
 class _Connection:
@@ -69,11 +70,37 @@ class Answer:
 
 
 class KeepAliveClient:
-    """One request per connection at a time; idle connections are kept per origin."""
+    """One request per connection at a time; idle connections are kept per origin.
+
+    A connection idle past ``MAX_IDLE_S`` is closed by a sweep over every origin (at most
+    once a second, on a request): an instance that went away (a retired pool) is never asked
+    again, so waiting for its next request would keep its sockets open for good (the soak
+    saw the router's descriptors grow by one or two per plan switch).
+    """
 
     def __init__(self, connect_timeout_s: float = 10.0) -> None:
         self.connect_timeout_s = connect_timeout_s
         self._idle: defaultdict[Origin, list[_Connection]] = defaultdict(list)
+        self._swept_s = time.monotonic()
+
+    @property
+    def num_idle(self) -> int:
+        """Connections kept for reuse, over every origin."""
+        return sum(len(connections) for connections in self._idle.values())
+
+    def sweep(self) -> None:
+        """Close the idle connections that can no longer be reused, and forget origins left
+        with none."""
+        self._swept_s = time.monotonic()
+        for origin, connections in list(self._idle.items()):
+            keep = [c for c in connections if c.reusable]
+            for connection in connections:
+                if not connection.reusable:
+                    connection.close()
+            if keep:
+                self._idle[origin] = keep
+            else:
+                del self._idle[origin]
 
     async def post_json(
         self, url: str, payload: object, headers: dict[str, str], timeout_s: float
@@ -98,6 +125,8 @@ class KeepAliveClient:
         return answer
 
     async def _acquire(self, origin: Origin) -> _Connection:
+        if time.monotonic() - self._swept_s >= SWEEP_EVERY_S:
+            self.sweep()
         idle = self._idle[origin]
         while idle:
             connection = idle.pop()

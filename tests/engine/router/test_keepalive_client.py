@@ -99,3 +99,29 @@ async def test_no_answer_times_out_and_nobody_listening_refuses() -> None:
     with pytest.raises(OSError):
         await client.post_json(f"http://127.0.0.1:{free_port()}/x", {}, {}, timeout_s=1)
     silent.close()
+
+
+async def test_idle_connections_to_an_origin_never_asked_again_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defect (the soak: the router's descriptors grew by one or two per plan switch): a kept
+    connection was closed only by the next request to its own origin, so one to a retired
+    instance stayed open for good. A sweep over every origin closes it."""
+    monkeypatch.setattr("epd_engine.router.keepalive_client.MAX_IDLE_S", 0.2)
+    monkeypatch.setattr("epd_engine.router.keepalive_client.SWEEP_EVERY_S", 0.0)
+    async with live_router() as (url, _):
+        retired, serving = TcpProxy(port_of(url)), TcpProxy(port_of(url))
+        await retired.open()
+        await serving.open()
+        client = KeepAliveClient()
+        await client.post_json(f"{retired.url}/internal/instances/heartbeat", BEAT, TOKEN, 10)
+        assert client.num_idle == 1
+        (kept,) = client._idle[("127.0.0.1", port_of(retired.url), False)]
+        await asyncio.sleep(0.3)  # idle past MAX_IDLE_S; its origin is never asked again
+        await client.post_json(f"{serving.url}/internal/instances/heartbeat", BEAT, TOKEN, 10)
+        assert kept.writer.is_closing()
+        assert client.num_idle == 1  # the one just used, to the serving origin
+        assert [o[1] for o in client._idle] == [port_of(serving.url)]
+        client.close()
+        await retired.close()
+        await serving.close()
