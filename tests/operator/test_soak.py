@@ -31,12 +31,16 @@ def test_flatness_judges_each_process_after_its_warmup() -> None:
     # one descriptor more every sample: a leak
     leaking = samples(3, "engine p-0", [200_000] * n, [20 + i for i in range(n)])
     short = samples(4, "engine d-0", [100_000] * (MIN_SAMPLES - 1), [10] * (MIN_SAMPLES - 1))
-    rows = {r["name"]: r for r in flatness([*steady, *growing, *leaking, *short], 0.0, 45.0)}
+    # one switch in a short life: more peers, more sockets, not judged
+    stepped = samples(5, "engine p-1", [200_000] * 16, [20] * 8 + [30] * 8)
+    everything = [*steady, *growing, *leaking, *short, *stepped]
+    rows = {r["name"]: r for r in flatness(everything, 0.0, 45.0, fds_min_life_s=200.0)}
     assert rows["engine e-0"]["rss_flat"] and rows["engine e-0"]["fds_flat"]
     assert rows["engine e-0"]["rss_first_mib"] > 500  # the warm-up's lower samples left out
     assert not rows["router :1"]["rss_flat"] and rows["router :1"]["rss_growth"] > 0.1
     assert rows["engine p-0"]["rss_flat"] and not rows["engine p-0"]["fds_flat"]
     assert "rss_flat" not in rows["engine d-0"]  # too few samples to judge
+    assert rows["engine p-1"]["rss_flat"] and "fds_flat" not in rows["engine p-1"]
 
 
 def test_requests_that_time_out_are_hung_not_failed() -> None:
