@@ -212,10 +212,14 @@ async def drill(state: dict) -> tuple[Traffic, list[Outcome], int, str, str]:
         return len(plain) if pools is not None and plain else None
 
     try:
-        held_plain = await wait_for("replica 0 busy", replica0_busy, 120)
-        os.kill(pid, signal.SIGSTOP)  # nothing more leaves it
-        await asyncio.sleep(2.0)  # what it sent has arrived
-        held = traffic.streams_in_flight(ids[0])
+        for _ in range(10):
+            held_plain = await wait_for("replica 0 busy", replica0_busy, 120)
+            os.kill(pid, signal.SIGSTOP)  # nothing more leaves it
+            await asyncio.sleep(2.0)  # what it sent has arrived
+            held = traffic.streams_in_flight(ids[0])
+            if held:
+                break
+            os.kill(pid, signal.SIGCONT)  # its streams had all been sent: try again
         os.kill(pid, signal.SIGKILL)
         killed_s = time.monotonic()
 
