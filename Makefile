@@ -27,14 +27,16 @@ venv: $(VENV)/.installed ## Create .venv with the pinned dependencies (uv)
 lock: ## Re-resolve requirements.lock from pyproject.toml
 	uv pip compile pyproject.toml --extra engine --extra operator --extra dev -o requirements.lock
 
-# The GPU image's locks, within requirements.lock's versions (the image installs both): the
-# `gpu` extra, and the CUDA compiler that builds FlashInfer's kernels in the image (removed
-# there once they are built) at the CUDA version torch uses.
+# The GPU image's locks, within requirements.lock's versions (the image installs all three):
+# the engine with the `gpu` and `nixl` extras, and what its kernel build step installs alone
+# (torch, FlashInfer and the CUDA compiler at torch's CUDA version; the compiler is removed
+# there once the kernels are built), so only a change to those rebuilds the kernels.
 lock-gpu: ## Re-resolve requirements-gpu.lock and requirements-gpu-build.lock (run after `make lock`)
-	uv pip compile pyproject.toml --extra engine --extra gpu -c requirements.lock \
+	uv pip compile pyproject.toml --extra engine --extra gpu --extra nixl -c requirements.lock \
 		--custom-compile-command "make lock-gpu" -o requirements-gpu.lock
-	echo "cuda-toolkit[nvcc,cccl]" | uv pip compile - -c requirements-gpu.lock \
-		--custom-compile-command "make lock-gpu" -o requirements-gpu-build.lock
+	printf 'flashinfer-python\ncuda-toolkit[nvcc,cccl]\n' | uv pip compile - \
+		-c requirements-gpu.lock --custom-compile-command "make lock-gpu" \
+		-o requirements-gpu-build.lock
 
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(EPDCTL) make-model --preset tiny-llava $(MODEL_DIR)

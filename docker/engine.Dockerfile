@@ -15,25 +15,27 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /app
 RUN python3 -m venv /opt/epd
 
-# Dependencies first, pinned by the lock file alone: this layer stays cached until the lock
-# changes (README or code edits do not invalidate it).
-COPY requirements.lock ./
-RUN pip install --no-deps -r requirements.lock
-
-# VARIANT=gpu: the `gpu` extra (requirements-gpu.lock) and FlashInfer's kernels compiled here,
-# with a toolchain the same step removes (tools/images/gpu_layer.sh). Declared after the layer
-# above, so both variants share it; before the project, so code edits rebuild no kernel.
+# VARIANT=gpu, first: FlashInfer's kernels, compiled here with a toolchain the same step removes
+# (tools/images/gpu_kernels.sh), on torch and FlashInfer pinned by requirements-gpu-build.lock
+# alone, so a change elsewhere in the locks (or the code) rebuilds no kernel; then the rest of
+# the `gpu` extra (requirements-gpu.lock: CuPy, NVML, NIXL). The cpu variant skips both.
 ARG VARIANT=cpu
-# gpu: the GPU generations FlashInfer's kernels are built for (empty: 8.0 9.0 10.0 12.0, i.e.
-# A100/A10/L4/L40, H100/H200, B200/B300, RTX PRO 6000/RTX 50; see tools/images/flashinfer_aot.py)
+# gpu: the GPU generations the kernels are built for (empty: 8.0 9.0 10.0 12.0, i.e.
+# A100/A10/L4/L40, H100/H200, B200/B300, RTX PRO 6000/RTX 50; tools/images/flashinfer_aot.py)
 ARG CUDA_ARCHS=
-COPY requirements-gpu.lock requirements-gpu-build.lock tools/images/gpu_layer.sh \
-     tools/images/flashinfer_aot.py ./
+COPY requirements-gpu-build.lock tools/images/gpu_kernels.sh tools/images/flashinfer_aot.py ./
 RUN case "$VARIANT" in \
       cpu) ;; \
-      gpu) sh gpu_layer.sh ;; \
+      gpu) sh gpu_kernels.sh ;; \
       *) echo "VARIANT is cpu or gpu, not $VARIANT" >&2; exit 1 ;; \
     esac
+COPY requirements-gpu.lock ./
+RUN if [ "$VARIANT" = gpu ]; then pip install --no-deps -r requirements-gpu.lock; fi
+
+# Every pinned dependency (on the gpu variant, the packages above are already there): this
+# layer stays cached until a lock changes (README or code edits do not invalidate it).
+COPY requirements.lock ./
+RUN pip install --no-deps -r requirements.lock
 
 COPY pyproject.toml README.md ./
 COPY engine/ engine/

@@ -141,28 +141,45 @@ def test_base_image_is_a_build_argument(name: str) -> None:
 
 # --- the GPU variant (VARIANT=gpu: `make images-gpu`, tests/images/test_gpu_image.py) -----------
 
-GPU_LAYER_FILES = (
-    "requirements-gpu.lock",
+GPU_FILES = (
     "requirements-gpu-build.lock",
-    "tools/images/gpu_layer.sh",
+    "tools/images/gpu_kernels.sh",
     "tools/images/flashinfer_aot.py",
+    "requirements-gpu.lock",
 )
 
 
-def test_engine_dockerfile_has_a_gpu_variant_after_the_shared_layer(tmp_path: Path) -> None:
-    """Both variants share the dependency layer (the ARG comes after it), the kernels build
-    before the project is copied (a code edit rebuilds none), and every file the GPU step runs
-    is in its COPY context."""
+def test_engine_dockerfile_builds_gpu_kernels_before_anything_they_do_not_need(
+    tmp_path: Path,
+) -> None:
+    """The gpu variant's kernel step comes first and reads only requirements-gpu-build.lock
+    and its scripts (a change to another lock or to the code rebuilds no kernel: hours on 2
+    cores); every file the GPU steps run is in their COPY context; the cpu variant skips them."""
     text = (DOCKER / "engine.Dockerfile").read_text()
-    shared = text.index("RUN pip install --no-deps -r requirements.lock")
-    variant = text.index("ARG VARIANT=cpu")
-    project = text.index("COPY engine/ engine/")
-    assert shared < variant < project
-    workdir = assemble(parse(DOCKER / "engine.Dockerfile"), tmp_path)
-    for name in GPU_LAYER_FILES:
-        assert (workdir / Path(name).name).is_file(), name
-    assert "gpu) sh gpu_layer.sh ;;" in text
+    order = [
+        "ARG VARIANT=cpu",
+        "COPY requirements-gpu-build.lock tools/images/gpu_kernels.sh",
+        "gpu) sh gpu_kernels.sh ;;",
+        "COPY requirements-gpu.lock ./",
+        "COPY requirements.lock ./",
+        "COPY engine/ engine/",
+    ]
+    assert [text.index(step) for step in order] == sorted(text.index(step) for step in order)
     assert "cpu) ;;" in text
+    workdir = assemble(parse(DOCKER / "engine.Dockerfile"), tmp_path)
+    for name in GPU_FILES:
+        assert (workdir / Path(name).name).is_file(), name
+
+
+def test_the_kernel_step_removes_exactly_the_toolchain() -> None:
+    """gpu_kernels.sh uninstalls the build lock's packages that no other lock installs (nvcc
+    and its headers), and nothing the image keeps."""
+    from tests.images.test_gpu_image import pins
+
+    script = (ROOT / "tools/images/gpu_kernels.sh").read_text()
+    toolchain = set(script.split('TOOLCHAIN="')[1].split('"')[0].split())
+    build, gpu = pins("requirements-gpu-build.lock"), pins("requirements-gpu.lock")
+    assert toolchain == set(build) - set(gpu)
 
 
 def test_gpu_locks_pin_what_the_base_lock_pins() -> None:
@@ -178,9 +195,13 @@ def test_gpu_locks_pin_what_the_base_lock_pins() -> None:
         assert gpu.get(name, version) == version, (name, gpu[name], version)
     for name in ("torch", "flashinfer-python", "cupy-cuda13x", "nvidia-ml-py"):
         assert name in gpu, name
-    # nvcc compiles for the CUDA torch was built with (13.0)
+    # nvcc compiles for the CUDA torch was built with (13.0); the kernel step's torch and
+    # FlashInfer are the image's
     torch_cuda = base["nvidia-cuda-runtime"].split(".")[:2]
     assert build["nvidia-cuda-nvcc"].split(".")[:2] == torch_cuda
+    assert build["torch"] == base["torch"]
+    assert build["flashinfer-python"] == gpu["flashinfer-python"]
+    assert "nixl-cu13" in gpu  # the nixl transfer backend, in the GPU image for sure
 
 
 def test_flashinfer_kernels_built_in_are_those_the_engine_runs() -> None:

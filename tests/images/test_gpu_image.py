@@ -116,7 +116,7 @@ def test_gpu_image_flashinfer_kernels_load_without_compiling(run_in_image) -> No
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "FlashInfer modules load from" in proc.stdout
     # Every symbol binds now, on a machine without the driver: the modules were linked with an
-    # empty libcuda stub (tools/images/gpu_layer.sh), so one calling the driver would fail here
+    # empty libcuda stub (tools/images/gpu_kernels.sh), so one calling the driver would fail here
     # instead of at its first launch on a GPU.
     bind_all = (
         "import ctypes, os, glob, torch, flashinfer.jit.env as e; "

@@ -1,26 +1,29 @@
 #!/bin/sh
-# The GPU engine image's own layer (docker/engine.Dockerfile, VARIANT=gpu), run as root in the
-# image after requirements.lock is installed into the virtual environment $VIRTUAL_ENV:
-#   1. the `gpu` extra pinned by requirements-gpu.lock (FlashInfer, CuPy, NVML bindings);
-#   2. FlashInfer's kernels the engine runs, compiled ahead of time (flashinfer_aot.py) with
-#      nvcc from PyPI (requirements-gpu-build.lock) and the distribution's g++;
-#   3. the compiler toolchain removed again in this same step, so the layer holds only the
-#      kernels: a pod loads them and compiles nothing at start.
+# The GPU engine image's kernel step (docker/engine.Dockerfile, VARIANT=gpu), run as root into
+# the virtual environment $VIRTUAL_ENV before any other dependency:
+#   1. requirements-gpu-build.lock: torch and FlashInfer at the versions of the other locks,
+#      plus nvcc 13.0 and its headers from PyPI (at torch's CUDA version);
+#   2. FlashInfer's kernels the engine runs, compiled ahead of time into FlashInfer's AOT
+#      directory (flashinfer_aot.py) with the distribution's g++ as nvcc's host compiler;
+#   3. the compiler toolchain removed again in this same step, so the layer holds torch,
+#      FlashInfer and the kernels: a pod loads them and compiles nothing at start.
 # CUDA_ARCHS (the Dockerfile's build argument; empty: flashinfer_aot.py's DEFAULT_ARCHS) picks
 # the GPU generations the kernels are built for, e.g. --build-arg CUDA_ARCHS=9.0 for H100/H200
 # only (a quarter of the build time).
 set -eu
+# nvcc and what only it needs: uninstalled below (tests/images/test_dockerfiles.py checks these
+# are exactly the build lock's packages that no other lock has).
+TOOLCHAIN="nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-cccl"
 if [ -n "${CUDA_ARCHS:-}" ]; then export FLASHINFER_CUDA_ARCH_LIST="$CUDA_ARCHS"; fi
-pip install --no-deps -r requirements-gpu.lock
-
-# nvcc, its headers and libdevice beside the CUDA libraries torch already installed, so
-# nvidia/cu13 is a whole CUDA_HOME (bin/nvcc, include/ with cuBLAS's headers, lib/).
 pip install --no-deps -r requirements-gpu-build.lock
+
+# nvcc, its headers and libdevice sit beside the CUDA libraries torch installed, so nvidia/cu13
+# is a whole CUDA_HOME (bin/nvcc, include/ with cuBLAS's headers, lib/).
 cuda_home="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13"
 ln -s lib "$cuda_home/lib64"
 ln -s libcudart.so.13 "$cuda_home/lib/libcudart.so"
 
-# A host compiler for nvcc (Debian or the python image's Debian base).
+# A host compiler for nvcc (Debian, or the python image's Debian base).
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends g++ >/dev/null
@@ -36,8 +39,8 @@ echo "flashinfer kernels: $(($(date +%s) - start)) s"
 python flashinfer_aot.py check
 
 # Remove the toolchain: nvcc, its headers, the stub, g++ and the build tree.
-pip uninstall -y -q $(sed -n 's/^\(nvidia-[a-z0-9-]*\)==.*/\1/p' requirements-gpu-build.lock \
-  | grep -v -x -e nvidia-cuda-runtime)
+# shellcheck disable=SC2086
+pip uninstall -y -q $TOOLCHAIN
 rm -rf "$cuda_home/lib64" "$cuda_home/lib/libcudart.so" "$cuda_home/lib/stubs" /tmp/flashinfer-build
 apt-get purge -y -qq --auto-remove g++ >/dev/null
 rm -rf /var/lib/apt/lists/* /root/.cache
