@@ -52,13 +52,20 @@ def require_node_and_images(cluster: Cluster) -> None:
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert imported.returncode == 0, imported.stderr
-    listed = subprocess.run(
-        ["ctr", "--address", "/run/epd-node/containerd.sock", "-n", "k8s.io", "images", "ls", "-q"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    missing = [i for i in IMAGES.values() if f"docker.io/library/{i}" not in listed.stdout]
+    listed = node_ctr("images", "ls", "-q").split()
+    missing = [i for i in IMAGES.values() if f"docker.io/library/{i}" not in listed]
     if missing:
         unavailable(f"images {missing} not on the node: build them with `make images`")
+
+
+def node_ctr(*args: str) -> str:
+    """``ctr`` on the real node's containerd (its Kubernetes namespace); the output."""
+    done = subprocess.run(
+        ["ctr", "--address", "/run/epd-node/containerd.sock", "-n", "k8s.io", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def install_operator(cluster: Cluster, watch_namespace: str) -> None:

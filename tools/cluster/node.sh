@@ -168,12 +168,16 @@ TOML
 }
 
 import_image() {  # archive: a docker-archive tar into the node's image store (once per build)
-  local stamp="$store/.$(basename "$1").imported" want
+  local stamp="$store/.$(basename "$1").imported" want names
   want="$(stat -c '%s %Y' "$1")"
-  [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && return 0
+  # The stamp names what the import made; it counts only while those images are still
+  # there (the kubelet's eviction manager deletes unused images under disk pressure).
+  if [[ -f $stamp && "$(head -n1 "$stamp")" == "$want" ]] && all_listed "$stamp"; then
+    return 0
+  fi
   local start=$SECONDS
-  "${ctr[@]}" images import "$1" >/dev/null
-  echo "$want" >"$stamp"
+  names="$("${ctr[@]}" images import "$1" | sed -n 's/^unpacking \([^ ]*\) .*/\1/p')"
+  printf '%s\n%s\n' "$want" "$names" >"$stamp"
   # The image's previous build is no longer referenced; a lease deleted with --sync runs
   # containerd's garbage collection now, so its layers do not pile up on the disk.
   local lease
@@ -182,9 +186,20 @@ import_image() {  # archive: a docker-archive tar into the node's image store (o
   say "imported $(basename "$1") in $((SECONDS - start)) s"
 }
 
-import_images() {  # archives...: default every image tools/images/build.sh wrote
+all_listed() {  # stamp: every image name on its lines 2.. is in the node's store
+  local listed name
+  listed="$("${ctr[@]}" images ls -q)"
+  while read -r name; do
+    [[ -z $name ]] || grep -qxF "$name" <<<"$listed" || return 1
+  done < <(tail -n +2 "$1")
+  # A stamp from before names were recorded proves nothing.
+  [[ $(wc -l <"$1") -gt 1 ]]
+}
+
+import_images() {  # archives...: default every CPU image tools/images/build.sh wrote
   local archives=("$@") a
-  ((${#archives[@]})) || archives=("$images_dir"/epd-*.tar)
+  # The GPU image (7 GB) is not run on this node (it has no GPU): not imported by default.
+  ((${#archives[@]})) || mapfile -t archives < <(ls "$images_dir"/epd-*.tar 2>/dev/null | grep -v -- '-gpu-')
   for a in "${archives[@]}"; do [[ -f $a ]] && import_image "$a"; done
   return 0
 }
@@ -234,9 +249,11 @@ failSwapOn: false
 podLogsDir: $dir/pod-logs
 volumePluginDir: $dir/volume-plugins
 registerWithTaints: [{key: $taint_key, value: "true", effect: NoSchedule}]
-# Imported images have no registry to come back from: never garbage-collect them.
+# Imported images have no registry to come back from: never garbage-collect them. Under
+# disk pressure the eviction manager deletes unused images too (CI lost both images that
+# way), so its disk thresholds are absolute: a percentage of a large shared disk is GBs.
 imageGCHighThresholdPercent: 100
-evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%}
+evictionHard: {memory.available: 200Mi, nodefs.available: 512Mi, imagefs.available: 512Mi}
 serializeImagePulls: false
 maxPods: 40
 YAML

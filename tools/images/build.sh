@@ -56,10 +56,16 @@ for image in "${images[@]}"; do
   # --layers: an unchanged step (the dependency install above all) comes from the cache.
   dockerfile=$image variant=()
   if [[ $image == *-gpu ]]; then dockerfile=${image%-gpu} variant=(--build-arg VARIANT=gpu); fi
+  previous="$("${bh[@]}" inspect --type image --format '{{.FromImageID}}' "epd-$image:$tag" 2>/dev/null || true)"
   "${bh[@]}" build --layers --isolation chroot --build-arg "BASE=$base" "${variant[@]}" \
     -f "$root/docker/$dockerfile.Dockerfile" -t "epd-$image:$tag" "$root"
   archive="$out/epd-$image-$tag.tar"
   id="$("${bh[@]}" inspect --type image --format '{{.FromImageID}}' "epd-$image:$tag")"
+  # The tag's previous build is left untagged: remove it, or every rebuild keeps its GBs
+  # (an image another still builds on is refused, and kept).
+  if [[ -n $previous && $previous != "$id" ]]; then
+    "${bh[@]}" rmi "$previous" >/dev/null 2>&1 || true
+  fi
   if [[ -s $archive && "$(cat "$archive.id" 2>/dev/null)" == "$id" ]]; then
     echo "epd-$image:$tag: unchanged ($id), archive kept"
   else
