@@ -16,14 +16,17 @@ from epd_engine.config import Role, Stage, internal_token
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.engine.async_engine import RequestOutput
+from epd_engine.engine.health import EngineHealth
 from epd_engine.engine.llm_engine import StageTiming
 from epd_engine.transfer.messages import Routing
 from tests.engine.router.live import TcpProxy, live_router, track, wait_for_tokens
 
 
 def idle_engine() -> Any:
-    """All RouterLink reads from an engine is its scheduler's load, for heartbeats."""
-    return SimpleNamespace(scheduler=SimpleNamespace(waiting=[], running=[], kv=None, images=None))
+    """All RouterLink reads from an engine, for heartbeats: its scheduler's load and its
+    health (a real EngineHealth: in service)."""
+    scheduler = SimpleNamespace(waiting=[], running=[], kv=None, images=None)
+    return SimpleNamespace(scheduler=scheduler, health=EngineHealth(stall_timeout_s=None))
 
 
 def output(n: int, finish: str | None = None) -> RequestOutput:
