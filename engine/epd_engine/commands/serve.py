@@ -21,7 +21,20 @@ from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model as one engine instance")
-    p.add_argument("--model", required=True, type=Path, help="checkpoint directory (HF layout)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="checkpoint directory (HF layout); with --emulate, only the name to serve under "
+        "(default: the cost model's), which gets the suffix -emulated",
+    )
+    p.add_argument(
+        "--emulate",
+        metavar="COST_MODEL",
+        type=Path,
+        help="run an emulated instance: the real scheduler, budgets and page accounting, step "
+        "times from this cost-model JSON (epdctl profile-costs), deterministic tokens; no torch, "
+        "no weights, and no evidence of engine speed",
+    )
     p.add_argument(
         "--preset",
         help="make a random-weight checkpoint of this preset at --model first if it is missing",
@@ -229,6 +242,12 @@ STARTUP_FAILURE_EXIT = 3  # uvicorn's, when the app did not start
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.emulate is not None:
+        from epd_engine.emulate.serve import run_emulated
+
+        return run_emulated(args)
+    if args.model is None:
+        raise UserError("--model is required (a checkpoint directory), unless --emulate")
     import uvicorn
 
     from epd_engine.engine import startup

@@ -1,0 +1,94 @@
+"""``create_emulated_app(settings)``: an emulated instance's FastAPI app (no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epd_engine.api.errors import install_error_handlers
+from epd_engine.config import SLO, Role
+from epd_engine.contracts.plan import Budgets
+from epd_engine.emulate import EMULATED_NOTE, EMULATED_SUFFIX
+from epd_engine.emulate.costs import EmulatedCosts
+from epd_engine.emulate.engine import EmulatedEngine
+from epd_engine.emulate.instance_metrics import InstanceMetrics
+from epd_engine.emulate.loop import EmulatedLoop
+from epd_engine.emulate.routes import EmulatedState
+from epd_engine.emulate.routes import router as openai_router
+from epd_engine.engine import startup
+from epd_engine.metrics import Metrics
+
+
+def emulated_name(name: str) -> str:
+    """The name an emulated instance answers to: never a real model's."""
+    return name if name.endswith(EMULATED_SUFFIX) else name + EMULATED_SUFFIX
+
+
+@dataclass(frozen=True)
+class EmulatedSettings:
+    costs: EmulatedCosts
+    model_name: str  # as given; served with EMULATED_SUFFIX
+    role: Role = Role.EPD
+    pool: str = "local"
+    slo: SLO = field(default_factory=SLO)
+    budgets: Budgets | None = None  # None: derived from the cost model against the SLO
+
+
+def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
+    # built here, not in the lifespan: a bad cost model or an SLO no batch meets fails the
+    # command at once, with its message
+    engine = EmulatedEngine(settings.role, settings.costs, settings.slo, settings.budgets)
+    startup.mark("budgets")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        name = emulated_name(settings.model_name)
+        metrics = Metrics(name, settings.role.value, settings.pool)
+        loop = EmulatedLoop(engine, InstanceMetrics(metrics, engine))
+        state = EmulatedState(name, loop, metrics, settings.slo)
+        app.state.emulated = state
+        loop.start()
+        startup.mark("engine_built")
+        state.ready = True
+        startup.mark("serving")
+        try:
+            yield
+        finally:
+            state.ready = False
+            await loop.stop()
+
+    app = FastAPI(title="EPD emulated instance", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.openapi_url = None
+    install_error_handlers(app)
+    app.include_router(openai_router)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready(request: Request, response: Response) -> dict[str, object]:
+        state: EmulatedState | None = getattr(request.app.state, "emulated", None)
+        if state is None or not state.ready:
+            response.status_code = 503
+            return {"status": "starting"}
+        budgets = engine.budgets
+        return {
+            "status": "ready",
+            "role": settings.role.value,
+            "model": state.model_name,
+            "emulated": {"cost_model": settings.costs.source, "note": EMULATED_NOTE},
+            "startup": startup.timeline(),
+            "budgets": {"token_budget": budgets.token_budget, "image_budget": budgets.image_budget},
+        }
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state: EmulatedState = request.app.state.emulated
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

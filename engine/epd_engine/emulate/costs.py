@@ -1,0 +1,36 @@
+"""What an emulated instance takes from its cost model: step times and migration bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, load_cost_model
+from epd_engine.scheduler.output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class EmulatedCosts:
+    """A fitted cost model read as a clock: how long a batch runs, how many bytes a migration
+    moves and how long that takes over the model's link."""
+
+    model: FittedCostModel
+    source: str  # the file it came from (shown in metrics and the ready answer)
+
+    @classmethod
+    def load(cls, path: str | Path) -> EmulatedCosts:
+        return cls(load_cost_model(path), str(path))
+
+    def step_s(self, out: SchedulerOutput) -> float:
+        """The runner's time for this batch (the engine loop's own overhead is real here)."""
+        if out.is_empty:
+            return 0.0
+        return max(0.0, self.model.runner_step_s(BatchShape.of(out)))
+
+    def migration_bytes(self, kind: str, num_tokens: int) -> int:
+        link = self.model.migration
+        per_token = link.image_bytes_per_token if kind == "image" else link.kv_bytes_per_token
+        return num_tokens * per_token
+
+    def migration_s(self, kind: str, num_tokens: int) -> float:
+        return self.model.migration.at(kind, num_tokens)

@@ -1,0 +1,67 @@
+"""``epdctl serve --emulate COST_MODEL``: run one emulated instance (imports no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from epd_engine.cli import UserError
+from epd_engine.config import SLO, Role
+from epd_engine.contracts.plan import Budgets
+from epd_engine.emulate.app import EmulatedSettings, create_emulated_app
+from epd_engine.emulate.costs import EmulatedCosts
+from epd_engine.emulate.engine import EmulationError
+from epd_engine.engine import startup
+
+
+def emulated_settings(args: argparse.Namespace) -> EmulatedSettings:
+    """What ``serve``'s flags mean for an emulated instance; a ``UserError`` naming the flag
+    for what it cannot honour."""
+    model: Path | None = args.model
+    if model is not None and (model / "config.json").exists():
+        raise UserError(
+            f"--emulate does not load checkpoints: {model} is a checkpoint directory; give "
+            "--model a name (or leave it out), or drop --emulate to serve the real model"
+        )
+    if args.router_url:
+        raise UserError(
+            "--emulate with --router-url is not built yet: an emulated instance serves its "
+            "OpenAI API alone (role EPD)"
+        )
+    role = Role(args.role)
+    if role is not Role.EPD:
+        raise UserError(f"--emulate serves role EPD alone for now, not {role.value}")
+    try:
+        costs = EmulatedCosts.load(args.emulate)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--emulate {args.emulate}: {exc}") from exc
+    name = str(model) if model is not None else costs.model.meta.get("model", {}).get("name")
+    budgets = None
+    if args.token_budget is not None or args.image_budget is not None:
+        if args.token_budget is None or args.image_budget is None:
+            raise UserError("--emulate takes --token-budget and --image-budget together")
+        budgets = Budgets(image_budget=args.image_budget, token_budget=args.token_budget)
+    return EmulatedSettings(
+        costs=costs,
+        model_name=name or "model",
+        role=role,
+        pool=args.pool,
+        slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
+        budgets=budgets,
+    )
+
+
+def run_emulated(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    startup.mark("imports")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app = create_emulated_app(emulated_settings(args))
+    except EmulationError as exc:
+        raise UserError(str(exc)) from exc
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

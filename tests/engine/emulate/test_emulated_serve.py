@@ -1,0 +1,120 @@
+"""``epdctl serve --emulate``: a real process answering the real ``openai`` client, timed by
+the H200 cost model, with names that say it is emulated."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.processes import EPDCTL, free_port, running
+
+REPO = Path(__file__).resolve().parents[3]
+COST_MODEL = REPO / "benchmarks" / "results" / "cost-model-h200.json"
+IMAGE_URL = "data:image/png;base64,iVBORw0KGgo="  # never decoded by an emulated instance
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_emulated_instance_serves_the_openai_client(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = ["serve", "--emulate", str(COST_MODEL), "--port", str(port), "--log-level", "warning"]
+    with running(args, f"{base}/health/ready", tmp_path / "serve.log") as proc:
+        ready = httpx.get(f"{base}/health/ready").json()
+        startup_cpu_s = _cpu_s(proc.pid)  # interpreter, imports, app: all of its start
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+        [model] = client.models.list().data
+        assert model.id == "llava-1.5-7b-emulated"  # the cost model's model, never its name
+        messages: list[ChatCompletionMessageParam] = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "describe this"},
+                    {"type": "image_url", "image_url": {"url": IMAGE_URL}},
+                ],
+            }
+        ]
+        first = client.chat.completions.create(model=model.id, messages=messages, max_tokens=6)
+        again = client.chat.completions.create(model=model.id, messages=messages, max_tokens=6)
+        assert first.usage is not None
+        assert first.usage.completion_tokens == 6
+        assert first.usage.prompt_tokens == 576 + 2  # one LLaVA image + two words
+        assert first.choices[0].message.content == again.choices[0].message.content  # determinism
+        stream = client.chat.completions.create(
+            model=model.id,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+        )
+        pieces = [c.choices[0].delta.content for c in stream if c.choices]
+        assert len([p for p in pieces if p]) == 4
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="llava-1.5-7b", messages=messages, max_tokens=1)
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'epd_emulated_info{cost_model="' in metrics
+        assert 'model="llava-1.5-7b-emulated"' in metrics
+        rss_mib = _rss_mib(proc.pid)
+    # the issue's bounds (so that 32 fit one machine). Start is bounded in CPU seconds: on
+    # this shared 2-core host its wall time is mostly waiting for a core (0.8-3.7 s seen at
+    # load 3-5); on an idle host the two are the same
+    assert startup_cpu_s <= 1.0, (startup_cpu_s, ready["startup"])
+    assert rss_mib <= 100
+
+
+def test_an_emulated_instance_imports_no_torch() -> None:
+    """Checked in a fresh interpreter: the command's module, the app, a request through it."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from fastapi.testclient import TestClient
+        import epd_engine.cli, epd_engine.commands.serve
+        from epd_engine.emulate.app import EmulatedSettings, create_emulated_app
+        from epd_engine.emulate.costs import EmulatedCosts
+        app = create_emulated_app(EmulatedSettings(EmulatedCosts.load({str(COST_MODEL)!r}), "m"))
+        with TestClient(app) as client:
+            body = {{"model": "m-emulated", "messages": [{{"role": "user", "content": "hi"}}]}}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_emulate_refuses_a_checkpoint_directory(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "llava"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    args = ["serve", "--emulate", str(COST_MODEL), "--model", str(checkpoint)]
+    start = time.monotonic()
+    done = subprocess.run([*EPDCTL, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "does not load checkpoints" in done.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_emulate_refuses_an_slo_no_batch_meets() -> None:
+    args = ["serve", "--emulate", str(COST_MODEL), "--slo-ttft", "0.0001", "--slo-tpot", "0.0001"]
+    done = subprocess.run([*EPDCTL, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "no batch of one meets the SLO" in done.stderr
