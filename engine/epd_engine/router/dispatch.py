@@ -52,7 +52,7 @@ class Dispatcher:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.events = EventRelay(self.inflight)
+        self.events = EventRelay(self.inflight, self.registry.note_gone)
         s = self.settings
         self.affinity = PrefixAffinity(LoadBound(s.affinity_slack_requests, s.affinity_slack_ratio))
 
@@ -63,6 +63,7 @@ class Dispatcher:
             await self._submit(request)
         except Exception:
             self.inflight.pop(request.router_request_id, None)
+            self._gone_everywhere(request)
             raise
         return request
 
@@ -108,6 +109,10 @@ class Dispatcher:
                 "resume_output_token_ids": request.token_ids,
                 "emitted_text": request.text,
             }
+            if request.holder is not None:  # a re-route: it left the instance it was on
+                self.registry.note_gone(request.holder, request.router_request_id)
+            # counted there from now on: its events can come before this POST's answer
+            self.registry.note_assigned(target.instance_id, request.router_request_id)
             request.holder = target.instance_id
             request.instances.append(target.instance_id)
             # The entry pool goes first in the path now: token and migration events from the
@@ -132,7 +137,6 @@ class Dispatcher:
             if response.status_code != 200:
                 log.warning("submit to %s answered %d", target.url, response.status_code)
                 continue
-            self.registry.note_assigned(target.instance_id)
             request.prompt_info = response.json()
             return
 
@@ -223,9 +227,15 @@ class Dispatcher:
         except (OSError, TimeoutError, h11.ProtocolError) as exc:
             log.warning("abort of %s at %s failed: %r", request.router_request_id, load.url, exc)
 
+    def _gone_everywhere(self, request: InflightRequest) -> None:
+        """The request is over: no instance's load counts it any more."""
+        for instance_id in set(request.instances):  # the holder is the last of them
+            self.registry.note_gone(instance_id, request.router_request_id)
+
     def finish(self, request: InflightRequest, outcome: str) -> None:
         """Record metrics and the trace line of a request that is over."""
         self.inflight.pop(request.router_request_id, None)
+        self._gone_everywhere(request)
         if outcome != "success":  # its client left or it failed: nobody should work on it
             self.abort_everywhere(request)
         m = self.metrics

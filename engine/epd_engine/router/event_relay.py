@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 
 from epd_engine.router.inflight import InflightRequest
 
@@ -21,8 +21,14 @@ MAX_SESSIONS = 4096  # senders remembered (instances, and their restarts)
 
 
 class EventRelay:
-    def __init__(self, inflight: dict[str, InflightRequest]) -> None:
+    def __init__(
+        self,
+        inflight: dict[str, InflightRequest],
+        on_moved: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.inflight = inflight
+        # (instance id, router request id): an event placed the request on another instance
+        self.on_moved = on_moved
         self._last_seq: OrderedDict[str, int] = OrderedDict()  # session -> last applied
 
     def last_seq(self, session: str) -> int:
@@ -54,4 +60,7 @@ class EventRelay:
             self._last_seq.popitem(last=False)
         inflight = self.inflight.get(str(event.get("router_request_id")))
         if inflight is not None:
+            holder = inflight.holder
             inflight.apply(event)
+            if holder is not None and inflight.holder != holder and self.on_moved is not None:
+                self.on_moved(holder, inflight.router_request_id)
