@@ -30,11 +30,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epd_engine.bench.driver import DriverConfig, replay
 from epd_engine.bench.results_file import write_results
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.config import Method
 from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.contracts.trace import ImageRef, TraceRecord
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from epd_engine.local.ports import free_port
 from epd_engine.slo.outcomes import RequestResult
 

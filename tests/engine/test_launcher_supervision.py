@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem, Process
 from epd_engine.commands.up import _stop_run
 from epd_engine.config import Method
 from epd_engine.contracts.plan import Plan
-from epd_engine.launcher import LaunchSpec, LocalSystem, Process
 
 
 def system(tmp_path: Path) -> LocalSystem:

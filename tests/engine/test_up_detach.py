@@ -44,7 +44,6 @@ MANIFEST = {
         },
     },
 }
-INSTANCE = f"{NAME}-epd-0"
 
 
 class Runs:
@@ -142,18 +141,22 @@ def test_detached_run_is_supervised_stopped_and_not_joined_by_a_stale_instance(
     token = first["token"]
     assert alive(first["pid"]) and first["ready"]
     assert runs.chat().status_code == 200
-    router_pid, instance_pid = first["pids"]
-    os.kill(instance_pid, signal.SIGKILL)
+    router_pid = first["pids"][0]  # the router first, then the engines
+    [instance] = first["instances"]
+    os.kill(instance["pid"], signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:
         state = runs.state()
-        if state["pids"][1] == instance_pid or INSTANCE not in runs.pools(token):
+        [now] = state["instances"]
+        if now["pid"] == instance["pid"] or now["name"] not in runs.pools(token):
             return None
         return state if runs.chat().status_code == 200 else None
 
     after_crash = wait_until("the supervisor to restart the instance", restarted, 180)
     assert after_crash["pid"] == first["pid"] and after_crash["pids"][0] == router_pid
-    assert "restarted (restart 1)" in (runs.runs_dir / NAME / "logs" / "up.log").read_text()
+    assert after_crash["instances"][0]["name"] == instance["name"]
+    log = (runs.runs_dir / NAME / "logs" / "up.log").read_text()
+    assert f"Restarted: engine {instance['name']} exited" in log
 
     # --- down: the supervisor, the router and every instance (the restarted one too) ------
     started = {first["pid"], *first["pids"], *after_crash["pids"]}
@@ -166,14 +169,15 @@ def test_detached_run_is_supervised_stopped_and_not_joined_by_a_stale_instance(
     # --- run 2 on the same port; an instance of run 1 (same token, same instance id) ------
     second = runs.up()
     assert second["deployment_id"] != first["deployment_id"]
-    url = wait_until("run 2's instance", lambda: runs.pools(token).get(INSTANCE))
+    [ours] = second["instances"]
+    url = wait_until("run 2's instance", lambda: runs.pools(token).get(ours["name"]))
     stale_log = tmp_path / "stale.log"
     with stale_log.open("wb") as out:
         stale = subprocess.Popen(
             [
                 *EPDCTL, "serve", "--model", str(runs.model_dir), "--served-model-name",
-                "tiny-llava", "--role", "EPD", "--pool", f"{NAME}-epd", "--instance-id",
-                INSTANCE, "--port", str(free_port()), "--router-url", runs.url,
+                "tiny-llava", "--role", "EPD", "--pool", ours["pool"], "--instance-id",
+                ours["name"], "--port", str(free_port()), "--router-url", runs.url,
                 "--token-budget", "128", "--image-budget", "2", "--num-kv-blocks", "64",
                 "--num-image-blocks", "4", "--log-level", "warning",
             ],
@@ -190,7 +194,7 @@ def test_detached_run_is_supervised_stopped_and_not_joined_by_a_stale_instance(
             180,
         )
         assert stale.poll() is None
-        assert runs.pools(token) == {INSTANCE: url}  # its id never moved to the stale URL
+        assert runs.pools(token) == {ours["name"]: url}  # its id never moved to the stale URL
         assert runs.chat().status_code == 200
     finally:
         stale.kill()

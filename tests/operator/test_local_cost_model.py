@@ -190,7 +190,7 @@ def test_up_refuses_a_malformed_cost_model_before_starting_anything(tmp_path: Pa
 
     fixed = manifest(tmp_path, {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 1}})
     got = up("-f", str(fixed), "--cost-model", str(bad), "--runs-dir", str(runs))
-    assert got.returncode != 0 and "--cost-model is for the reconcile loop" in got.stderr
+    assert got.returncode != 0 and "malformed cost model" in got.stderr  # every run plans
     assert not runs.exists()
 
 

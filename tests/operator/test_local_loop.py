@@ -64,12 +64,12 @@ def test_apply_needs_a_running_reconciled_deployment(tmp_path: Path) -> None:
     got = epdctl("apply", "-f", str(file), "--runs-dir", str(runs))
     assert got.returncode != 0
     assert "no running deployment 'solo'" in got.stderr
-    # a static run (`epdctl up` of a Fixed manifest without --reconcile) cannot change
+    # a static system (a benchmark's LocalSystem: no reconcile loop) cannot change
     (runs / "solo").mkdir(parents=True)
     (runs / "solo" / "state.json").write_text(json.dumps({"name": "solo", "pid": 1}))
     got = epdctl("apply", "-f", str(file), "--runs-dir", str(runs))
     assert got.returncode != 0
-    assert "--reconcile" in got.stderr
+    assert "restart it with `epdctl up`" in got.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: EPDDeployment\nspec: {gpuBudget: -1}\n")
     got = epdctl("apply", "-f", str(bad), "--runs-dir", str(runs))

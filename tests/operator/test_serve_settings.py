@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from epd_engine.bench.static_system import LaunchSpec, instances
 from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.contracts.serve_args import (
@@ -14,7 +15,6 @@ from epd_engine.contracts.serve_args import (
     plan_budget_flags,
     searched_budget_flags,
 )
-from epd_engine.launcher import LaunchSpec, instances
 from epd_operator.kube import manifests as r
 from epd_operator.local.reconciler import engine_args
 from epd_operator.rollout.serve_settings import cache_settings, engine_settings
@@ -81,3 +81,23 @@ def test_searched_budgets_become_the_flags_that_pass_them_on() -> None:
     argv = command.argv()
     assert argv[0] == "serve" and argv[-2:] == ["--x", "1"]
     assert _flags(argv)["--role"] == "D" and _flags(argv)["--token-budget"] == "8"
+
+
+def test_a_local_replica_of_a_planned_run_gets_the_plan_budgets_not_a_search(
+    tmp_path: Path,
+) -> None:
+    """`epdctl up --plan` (the reconciled run fixed at a plan): the plan's budgets reach the
+    engines of its roles as the pod would get them; a role the plan leaves to the search
+    gets what another replica searched, else nothing."""
+    from epd_operator.local.pools import LocalEngines, LocalPools, budget_key
+    from epd_operator.rollout.pool_identity import PoolSpec
+
+    engines = LocalEngines(
+        tmp_path, "m", "http://127.0.0.1:9", tmp_path, "token", plan_budgets=PLAN.budgets
+    )
+    pools = LocalPools(engines)
+    pools.searched_budgets[budget_key(Role.D, engines)] = {"token_budget": 96}
+    ep = pools.engine_args(PoolSpec("demo-ep", Role.EP, 1, 0), "demo-ep-0", 9001)
+    d = pools.engine_args(PoolSpec("demo-d", Role.D, 1, 0), "demo-d-0", 9002)
+    assert _contains_in_order(ep, plan_budget_flags(PLAN.budgets[Role.EP]))
+    assert _flags(d)["--token-budget"] == "96" and "--image-budget" not in d

@@ -29,10 +29,10 @@ import httpx
 
 from epd_engine.bench.driver import DriverConfig, Messages, prepare_messages, run_trace
 from epd_engine.bench.process_cpu import cpu_seconds
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.config import Method
 from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.contracts.trace import TraceRecord, parse_trace
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from epd_engine.local.ports import free_port
 from epd_engine.slo.outcomes import LatencyStats, RequestResult, summarize
 from epd_engine.workload.generators import WorkloadShape, generate, random_mm

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if not state.get("reconcile"):
         raise UserError(
-            f"{deployment.name} runs one fixed plan (started without the reconcile loop); "
-            "restart it with `epdctl up --reconcile` to change it at run time"
+            f"{deployment.name} runs one fixed plan without the reconcile loop (a benchmark's "
+            "static system); restart it with `epdctl up` to change it at run time"
         )
     generation = write_manifest(run_dir / MANIFEST, args.file.read_text())
     print(f"{deployment.name}: applied (generation {generation})", flush=True)

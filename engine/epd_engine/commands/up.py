@@ -17,7 +17,12 @@ from epd_engine.local.state_file import read_state, remove_state, state_path
 def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser("up", help="run an EPDDeployment manifest locally (router + pools)")
     up.add_argument("-f", "--file", required=True, type=Path, help="EPDDeployment manifest")
-    up.add_argument("--plan", type=Path, help="plan JSON (from `epdctl plan`) for mode Auto")
+    up.add_argument(
+        "--plan",
+        type=Path,
+        help="plan JSON (from `epdctl plan`): start on this plan, fixed, with its budgets "
+        "(`epdctl apply` changes it later)",
+    )
     up.add_argument(
         "--cost-model",
         type=Path,
@@ -34,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--reconcile",
         action="store_true",
-        help="run the reconcile loop for a Fixed manifest too (`epdctl apply` changes it); "
-        "mode Auto without --plan always runs it",
+        help="no effect, kept for scripts: every run is the reconcile loop (a Fixed manifest "
+        "is rolled out as it is, and `epdctl apply` changes it)",
     )
     up.set_defaults(func=run_up)
 
@@ -50,30 +55,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(func=run_status)
 
 
-def _reconciled(args: argparse.Namespace, deployment) -> bool:
-    auto = deployment.spec.disaggregation.mode == "Auto"
-    return bool(args.reconcile) or (auto and args.plan is None)
-
-
 def _load(args: argparse.Namespace):
+    """The manifest, and with ``--plan`` the plan it starts on (Fixed at that plan)."""
     from epd_engine.contracts.plan import Plan
-    from epd_operator.api.spec import EPDDeployment, ManifestError, fixed_plan
+    from epd_operator.api.spec import EPDDeployment, ManifestError
 
     try:
         deployment = EPDDeployment.from_yaml(args.file)
     except (ManifestError, OSError) as exc:
         raise UserError(str(exc)) from exc
-    spec = deployment.spec
-    if args.plan is not None:
-        try:
-            plan = Plan.model_validate_json(args.plan.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot read plan {args.plan}: {exc}") from exc
-    elif spec.disaggregation.mode == "Fixed":
-        plan = fixed_plan(spec)
-    else:
-        plan = None  # the reconcile loop plans (Auto)
+    if args.plan is None:
+        return deployment, None
+    try:
+        plan = Plan.model_validate_json(args.plan.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read plan {args.plan}: {exc}") from exc
     return deployment, plan
+
+
+def _manifest_text(args: argparse.Namespace, plan) -> str:
+    """What the loop runs: the file as written, or, with ``--plan``, its EPDDeployment with
+    the disaggregation fixed at the plan (a later ``epdctl apply`` changes it like any
+    other)."""
+    import yaml
+
+    from epd_operator.api.spec import KIND, EPDDeployment, ManifestError
+
+    text = args.file.read_text()
+    if plan is None:
+        return text
+    doc = next(d for d in yaml.safe_load_all(text) if isinstance(d, dict) and d.get("kind") == KIND)
+    doc["spec"]["disaggregation"] = {
+        "mode": "Fixed",
+        "method": plan.method.value,
+        "pools": {role.value: count for role, count in plan.pools.items()},
+    }
+    try:
+        EPDDeployment.from_dict(doc, f"{args.file} with plan {args.plan}")
+    except ManifestError as exc:
+        raise UserError(str(exc)) from exc
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _model_dir(args: argparse.Namespace, deployment) -> Path:
@@ -94,83 +115,14 @@ def _model_dir(args: argparse.Namespace, deployment) -> Path:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from epd_engine.launcher import LaunchSpec, LocalSystem
-    from epd_operator.rollout.serve_settings import cache_settings
-
-    deployment, plan = _load(args)
-    if _reconciled(args, deployment):
-        return _run_reconciled(args, deployment)
-    if args.cost_model is not None:
-        raise UserError(
-            "--cost-model is for the reconcile loop's planner: it needs mode Auto without "
-            "--plan, or --reconcile (this run serves one static plan)"
-        )
-    assert plan is not None
-    spec = deployment.spec
-    slo = spec.slo.to_slo()
-    launch = LaunchSpec(
-        name=deployment.name,
-        model_name=spec.model.name,
-        model_dir=_model_dir(args, deployment),
-        plan=plan,
-        router_port=args.port,
-        router_replicas=spec.router.replicas,
-        run_dir=args.runs_dir / deployment.name,
-        slo_ttft_s=slo.ttft_s,
-        slo_tpot_s=slo.tpot_s,
-        slo_attainment=slo.attainment,
-        dtype="float32" if args.device == "cpu" else spec.model.dtype,
-        device=args.device,
-        gpu_memory_fraction=spec.engine.gpu_memory_fraction,
-        engine_args=[*cache_settings(spec), *spec.engine.extra_args],
-    )
-    if args.detach:
-        return _detach(args, launch.run_dir)
-    _refuse_or_clear_old_run(launch.run_dir)
-    system = LocalSystem(launch)
-    print(f"starting {plan.describe()} for {spec.model.name} (logs in {launch.run_dir / 'logs'})")
-    system.start()
-    try:
-        system.wait_ready(
-            args.timeout,
-            on_progress=lambda n, want: print(f"  instances ready: {n}/{want}", flush=True),
-        )
-    except (RuntimeError, TimeoutError) as exc:
-        system.stop()
-        raise UserError(str(exc)) from exc
-    except KeyboardInterrupt:
-        system.stop()
-        return 130
-    system.write_state(ready=True)
-    print(f"ready: OpenAI endpoint {launch.router_url}/v1  (model {spec.model.name!r})")
-    print(f"       metrics {launch.router_url}/metrics, trace {launch.router_url}/v1/trace")
-    print(f"       internal token in {launch.run_dir / 'state.json'} (header X-EPD-Token)")
-    print("Ctrl-C stops everything.", flush=True)
-    stopping = False
-
-    def _terminate(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        while not stopping:  # crashed children come back after a back-off
-            for line in system.supervise():
-                print(line, file=sys.stderr, flush=True)
-            time.sleep(0.25)
-    except KeyboardInterrupt:
-        pass
-    print("stopping...", flush=True)
-    system.stop()
-    return 0
-
-
-def _run_reconciled(args: argparse.Namespace, deployment) -> int:
-    """The reconcile loop on local processes (``epd_operator.local.run``): plans (Auto),
-    rolls out, and follows `epdctl apply` until stopped."""
+    """The reconcile loop on local processes (``epd_operator.local.run``): rolls the
+    manifest out like the operator (a Fixed plan as written; Auto plans by itself), restarts
+    what crashes, and follows `epdctl apply` until stopped."""
     from epd_operator.local.run import LocalRun, Options
     from epd_operator.planning.cost_file import cost_source
 
+    deployment, plan = _load(args)
+    manifest_text = _manifest_text(args, plan)
     run_dir = args.runs_dir / deployment.name
     if args.cost_model is not None:  # refuse a bad file before anything starts
         try:
@@ -180,21 +132,23 @@ def _run_reconciled(args: argparse.Namespace, deployment) -> int:
     if args.detach:
         return _detach(args, run_dir)
     _refuse_or_clear_old_run(run_dir)
+    spec = deployment.spec
     opts = Options(
         name=deployment.name,
-        model_name=deployment.spec.model.name,
+        model_name=spec.model.name,
         model_dir=_model_dir(args, deployment),
         run_dir=run_dir,
         port=args.port,
         device=args.device,
-        dtype="float32" if args.device == "cpu" else deployment.spec.model.dtype,
+        dtype="float32" if args.device == "cpu" else spec.model.dtype,
         timeout_s=args.timeout,
         cost_model=args.cost_model,
+        plan_budgets=dict(plan.budgets) if plan is not None else {},
     )
-    mode = deployment.spec.disaggregation.mode
-    print(f"starting the reconcile loop ({mode}) for {deployment.spec.model.name}", flush=True)
+    mode = "Fixed" if plan is not None else spec.disaggregation.mode
+    print(f"starting {deployment.name} ({mode}) for {spec.model.name} (logs in {run_dir / 'logs'})")
     try:
-        return LocalRun(opts, args.file.read_text()).run()
+        return LocalRun(opts, manifest_text).run()
     except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +21,11 @@ import httpx
 
 from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots
+from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.serve_args import (
     SEARCHED_BUDGET_FLAGS,
     ServeCommand,
+    plan_budget_flags,
     searched_budget_flags,
 )
 from epd_engine.local.ports import free_port
@@ -47,6 +50,11 @@ class LocalEngines:
     gpu_slots: GpuSlots | None = None  # --device cuda: which GPU each instance gets
     # each router replica's own URL (router_url: the one clients use; the same with one)
     router_urls: tuple[str, ...] = ()
+    # instances prove they belong to this run when they register (api/auth.py): an engine
+    # of an earlier run with the same secret cannot join this one's router
+    deployment_id: str = ""
+    # a plan's budgets per role (`epdctl up --plan`), given instead of a search
+    plan_budgets: Mapping[Role, Budgets] = field(default_factory=dict)
 
     @property
     def replica_urls(self) -> tuple[str, ...]:
@@ -211,14 +219,30 @@ class LocalPools:
             dtype=e.dtype,
             device=e.device,
             settings=("--log-level", "warning", *e.engine_args),
-            budgets=searched_budget_flags(self.searched_budgets.get(budget_key(pool.role, e), {})),
+            budgets=self._budget_flags(pool.role),
         ).argv()
+
+    def _budget_flags(self, role: Role) -> list[str]:
+        """The plan's budgets for ``role``, else those a replica of it searched, else none
+        (the instance searches)."""
+        e = self.engines
+        planned = plan_budget_flags(e.plan_budgets.get(role))
+        return planned or searched_budget_flags(self.searched_budgets.get(budget_key(role, e), {}))
+
+    def instances(self) -> list[dict[str, object]]:
+        """Every current replica, as the state file lists them."""
+        return [
+            {"name": r.instance_id, "role": pool.role.value, "pool": name, "url": r.url,
+             "port": int(r.url.rsplit(":", 1)[1]), "pid": r.popen.pid}
+            for name, pool in self.pools.items()
+            for r in pool.replicas
+        ]  # fmt: skip
 
     def _start(self, pool: PoolSpec, instance_id: str) -> _Replica:
         e = self.engines
         port = free_port()
         args = self.engine_args(pool, instance_id, port)
-        env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token}
+        env = {**os.environ, "EPD_INTERNAL_TOKEN": e.token, "EPD_DEPLOYMENT_ID": e.deployment_id}
         if e.gpu_slots is not None:
             placement = e.gpu_slots.acquire(instance_id)
             args += placement.args()

@@ -166,5 +166,8 @@ class LocalReconciler:
     def pids(self) -> list[int]:
         return self.pools.pids()
 
+    def instances(self) -> list[dict[str, object]]:
+        return self.pools.instances()
+
     def stop(self) -> None:
         self.pools.stop_all()

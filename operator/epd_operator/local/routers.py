@@ -27,8 +27,12 @@ START_TIMEOUT_S = 60.0
 
 
 class LocalRouters:
-    def __init__(self, port: int, replicas: int, run_dir: Path, model_name: str) -> None:
+    def __init__(
+        self, port: int, replicas: int, run_dir: Path, model_name: str, deployment_id: str = ""
+    ) -> None:
         self.port = port
+        # instances prove they belong to this run when they register (api/auth.py)
+        self.deployment_id = deployment_id
         self.run_dir = run_dir
         self.model_name = model_name
         self.ports = [port] if replicas == 1 else [free_port() for _ in range(replicas)]
@@ -84,7 +88,11 @@ class LocalRouters:
                 args,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "EPD_INTERNAL_TOKEN": token},
+                env={
+                    **os.environ,
+                    "EPD_INTERNAL_TOKEN": token,
+                    "EPD_DEPLOYMENT_ID": self.deployment_id,
+                },
                 start_new_session=True,
             )
         self.popens[replica] = popen

@@ -14,11 +14,14 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots, local_gpu_slots
+from epd_engine.contracts.plan import Budgets
 from epd_engine.local.state_file import remove_state, write_private, write_state
 from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
 from epd_operator.local.pools import LocalEngines
@@ -57,6 +60,7 @@ class Options:
     interval_s: float = 1.0
     timeout_s: float = 300.0  # the first rollout must complete within this
     cost_model: Path | None = None  # --cost-model: what the profiler plans with (else reference)
+    plan_budgets: dict[Role, Budgets] = field(default_factory=dict)  # `up --plan`: no search
 
 
 def _log(kind: str, reason: str, message: str) -> None:
@@ -68,6 +72,7 @@ class LocalRun:
     def __init__(self, opts: Options, manifest_text: str) -> None:
         self.opts = opts
         self.token = os.environ.get("EPD_INTERNAL_TOKEN") or secrets.token_urlsafe(32)
+        self.deployment_id = uuid.uuid4().hex  # this run's: an earlier run's engine cannot join
         self.manifest = opts.run_dir / MANIFEST
         self.manifest.unlink(missing_ok=True)
         self.generation = write_manifest(self.manifest, manifest_text)
@@ -78,14 +83,17 @@ class LocalRun:
         self.mtime = self.manifest.stat().st_mtime_ns
         # router.replicas is read here, once: a balancer in front when there are several
         self.routers = LocalRouters(
-            opts.port, self.spec.router.replicas, opts.run_dir, opts.model_name
-        )
+            opts.port, self.spec.router.replicas, opts.run_dir, opts.model_name,
+            self.deployment_id,
+        )  # fmt: skip
         self.router_url = self.routers.url
         engines = LocalEngines(
             opts.model_dir, opts.model_name, self.router_url, opts.run_dir, self.token,
             engine_args(self.spec), opts.device, opts.dtype,
             gpu_slots=_gpu_slots(opts.device, self.spec),
             router_urls=tuple(self.routers.urls),
+            deployment_id=self.deployment_id,
+            plan_budgets=opts.plan_budgets,
         )  # fmt: skip
         costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
         self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
@@ -154,7 +162,9 @@ class LocalRun:
             "router_url": self.router_url,
             "router_urls": self.routers.urls,  # each replica's own (the same with one)
             "token": self.token,
+            "deployment_id": self.deployment_id,
             "pids": pids,
+            "instances": self.reconciler.instances(),
             "ready": self.ready,
             "observed_generation": self.generation,
             "spec_error": self.spec_error,
@@ -187,18 +197,22 @@ class LocalRun:
             self._start_routers()
             self.write_state()
             announced = False
+            progress = ""
             while not self.stopping:
                 status = self.pass_once()
                 if self.ready and not announced:
                     announced = True
-                    print(f"ready: {status.plan}; OpenAI endpoint {self.router_url}/v1", flush=True)
-                    logs = self.opts.run_dir / "logs"
-                    print(f"       change it: epdctl apply -f MANIFEST (logs in {logs})")
-                    print("Ctrl-C stops everything.", flush=True)
-                elif not self.ready and time.monotonic() - started > self.opts.timeout_s:
-                    raise TimeoutError(
-                        f"{status.plan} not ready after {self.opts.timeout_s:.0f}s: {status.phase}"
-                    )
+                    self._announce_ready(status)
+                elif not self.ready:
+                    line = f"  {status.plan}: {status.phase}"
+                    if line != progress:
+                        print(line, flush=True)
+                        progress = line
+                    if time.monotonic() - started > self.opts.timeout_s:
+                        raise TimeoutError(
+                            f"{status.plan} not ready after {self.opts.timeout_s:.0f}s: "
+                            f"{status.phase}"
+                        )
                 time.sleep(self.opts.interval_s)
         except KeyboardInterrupt:
             pass
@@ -206,6 +220,14 @@ class LocalRun:
             print("stopping...", flush=True)
             self.stop()
         return 0
+
+    def _announce_ready(self, status: LocalStatus) -> None:
+        url, run_dir = self.router_url, self.opts.run_dir
+        print(f"ready: {status.plan}; OpenAI endpoint {url}/v1 (model {self.opts.model_name!r})")
+        print(f"       metrics {url}/metrics, trace {url}/v1/trace")
+        print(f"       internal token in {run_dir / 'state.json'} (header X-EPD-Token)")
+        print(f"       change it: epdctl apply -f MANIFEST (logs in {run_dir / 'logs'})")
+        print("Ctrl-C stops everything.", flush=True)
 
     def stop(self) -> None:
         self.reconciler.stop()

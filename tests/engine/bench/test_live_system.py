@@ -16,11 +16,11 @@ import pytest
 
 from epd_engine.bench.driver import DriverConfig, replay
 from epd_engine.bench.payloads import prompt_text
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.bench.token_prompts import TokenExactPrompts
 from epd_engine.cli import main
 from epd_engine.config import Method, internal_token
 from epd_engine.contracts.trace import ImageRef, TraceRecord, parse_trace, write_trace
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from epd_engine.local.ports import free_port
 from epd_engine.slo.outcomes import summarize
 from tests.engine.bench.peer_aiperf import (

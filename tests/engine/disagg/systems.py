@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.config import Method
 from epd_engine.contracts.plan import Budgets, Plan
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from epd_engine.local.ports import free_port
 
 # one KV layer per group: the tiny model has 2 layers, so every KV pull is multi-group

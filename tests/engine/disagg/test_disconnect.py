@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epd_engine.bench.static_system import LocalSystem
 from epd_engine.config import Method
-from epd_engine.launcher import LocalSystem
 from tests.engine.disagg.systems import local_system, plan_for
 
 pytestmark = pytest.mark.slow

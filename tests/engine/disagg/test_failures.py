@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from epd_engine.bench.process_cpu import cpu_seconds
+from epd_engine.bench.static_system import LocalSystem
 from epd_engine.config import Method, internal_token
-from epd_engine.launcher import LocalSystem
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.server.images import image_message
 from tests.engine.transfer.nixl_skip import backend_param

@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
+from epd_engine.bench.static_system import LocalSystem
 from epd_engine.config import Method
-from epd_engine.launcher import LocalSystem
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.server.images import image_message
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem, instances
 from epd_engine.cli import UserError
 from epd_engine.commands.group import Group, member_commands
 from epd_engine.config import Method
-from epd_engine.launcher import LaunchSpec, LocalSystem, instances
 from epd_engine.local.ports import free_port
 from tests.engine.disagg.systems import ENGINE_ARGS, plan_for
 from tests.engine.disagg.test_methods import pull_backends

@@ -16,8 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.config import Method
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from epd_engine.local.ports import free_port
 from tests.engine.disagg.systems import ENGINE_ARGS, plan_for
 from tests.engine.disagg.workload import CASES, run_case

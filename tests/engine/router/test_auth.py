@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from epd_engine.api.auth import DEPLOYMENT_HEADER, TOKEN_HEADER
+from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.config import Method, internal_token
 from epd_engine.contracts.plan import Plan
-from epd_engine.launcher import LaunchSpec, LocalSystem
 from tests.engine.router.live import dispatcher, live_router
 
 BEAT = {"instance_id": "p-0", "url": "http://127.0.0.1:1", "role": "P", "pool": "p"}

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
+from epd_engine.bench.static_system import LocalSystem
 from epd_engine.config import Method, Role, internal_token
 from epd_engine.contracts.routing_policy import InstanceLoad
-from epd_engine.launcher import LocalSystem
 from epd_engine.router.registry import Registry
 from tests.engine.disagg.systems import local_system, plan_for
 

@@ -1,8 +1,10 @@
-"""Local launcher: one EPDDeployment + plan -> router and role pools as local processes.
+"""The static system a benchmark measures: one plan's router and role pools started at once
+as local processes (CPU, or local GPUs), supervised, then stopped.
 
-The same spec and plan the operator renders into Deployments become, here, processes on
-127.0.0.1 (CPU, or local GPUs). State lives in ``runs/<name>/`` so ``epdctl down`` and
-``epdctl status`` can find a running system.
+Not ``epdctl up`` (that is the reconcile loop, ``epd_operator.local.run``): here no
+reconcile pass, rollout or budget search sits in what ``epdctl bench-disagg`` measures, and
+instance names are fixed in advance so fault-injection tests can kill a named process. The
+state file in ``runs/<name>/`` lets ``epdctl down`` and ``status`` find it all the same.
 """
 
 from __future__ import annotations
