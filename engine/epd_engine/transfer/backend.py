@@ -1,7 +1,8 @@
 """The transfer seam: how a migration target fills its cache pages from a source's.
 
 Control (the four migration steps) is plain JSON over HTTP and lives in
-``server/migration.py``; a backend moves page contents only. Its contract:
+``disagg/`` (``source.py`` offers, ``target.py`` pulls, ``peers.py`` chooses); a backend
+moves page contents only. Its contract:
 
 - **Connect once per peer.** Every instance publishes ``describe()`` (addresses, a socket
   name, later IPC handles or a communicator's rendezvous) inside each migration offer it
