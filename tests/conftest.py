@@ -52,6 +52,16 @@ def tiny_qwen3_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model_dir
 
 
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight ``tiny-gemma3`` checkpoint (hub layout, float32), made once."""
+    from epd_engine.model.make_model import make_model
+
+    model_dir = tmp_path_factory.mktemp("tiny-gemma3")
+    make_model("tiny-gemma3", model_dir, seed=0, dtype="float32", show_progress=False)
+    return model_dir
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``gpu`` tests skip with a reason where no CUDA device exists (never pass silently)."""
     if not any(item.get_closest_marker("gpu") for item in items):

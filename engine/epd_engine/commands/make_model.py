@@ -17,6 +17,8 @@ PRESET_NAMES = (
     "qwen2.5-vl-7b",
     "tiny-qwen3-vl",
     "qwen3-vl-8b",
+    "tiny-gemma3",
+    "gemma3-4b",
 )
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -28,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Write a random-weight checkpoint in hub layout (LLaVA-1.5: llava-hf/llava-1.5-7b-hf; "
             "Qwen2-VL: Qwen/Qwen2-VL-7B-Instruct; Qwen2.5-VL: Qwen/Qwen2.5-VL-7B-Instruct; "
-            "Qwen3-VL: Qwen/Qwen3-VL-8B-Instruct), "
+            "Qwen3-VL: Qwen/Qwen3-VL-8B-Instruct; Gemma 3: google/gemma-3-4b-it), "
             "loadable by the engine and by transformers. "
             "No download."
         ),

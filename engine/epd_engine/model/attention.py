@@ -31,6 +31,9 @@ class AttentionBatch:
     context_lens: list[int]  # [S] tokens in the cache per sequence *after* this step
     block_tables: list[list[int]]  # [S][>= pages needed]: pages of each sequence, in order
     block_size: int
+    # [S][spans]: absolute ``[start, end)`` positions whose tokens all see each other (an
+    # image's tokens in Gemma 3's prefill); None: causal only. A span must lie in one step.
+    bidirectional: list[list[tuple[int, int]]] | None = None
 
     def __post_init__(self) -> None:
         for seq, (q_len, ctx) in enumerate(zip(self.query_lens, self.context_lens, strict=True)):
@@ -155,8 +158,11 @@ class AttentionBackend(Protocol):
 
     ``forward`` writes this step's K/V into the pages, then attends causally: query row
     ``j`` of sequence ``i`` sits at absolute position ``context_lens[i] - q_len_i + j`` and
-    sees cache positions ``0..that position``. Returns ``[T, num_heads, head_dim]``. Must
-    not change ``q``, and must not build metadata (that is ``prepare``'s job).
+    sees cache positions ``0..that position``; with a ``window`` only the last ``window`` of
+    them (itself included: a sliding-window layer), and in either case every position of a
+    bidirectional span it is in (``AttentionBatch.bidirectional``). Returns ``[T,
+    num_heads, head_dim]``. Must not change ``q``, and must not build metadata (that is
+    ``prepare``'s job).
     """
 
     def prepare(self, batch: AttentionBatch, device: torch.device) -> AttentionMetadata: ...
@@ -174,4 +180,5 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...

@@ -98,6 +98,8 @@ class FlashInferAttention:
 
     # ---- prepare: once per step ---------------------------------------------------------
     def prepare(self, batch: AttentionBatch, device: torch.device) -> FlashInferMetadata:
+        if batch.bidirectional:
+            raise NotImplementedError("FlashInferAttention has no bidirectional spans yet")
         base = build_metadata(batch, device)
         block_size = batch.block_size
         blocks = torch.div(base.slot_mapping, block_size, rounding_mode="floor")
@@ -175,9 +177,12 @@ class FlashInferAttention:
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         if not isinstance(meta, FlashInferMetadata):
             raise TypeError("FlashInferAttention needs metadata from its own prepare()")
+        if window is not None:  # planned per step, not per layer: not wired yet
+            raise NotImplementedError("FlashInferAttention has no sliding-window layers yet")
         if abs(scale - meta.sm_scale) > 1e-6 * meta.sm_scale:  # planned, not passed per run
             raise ValueError(f"scale {scale} differs from the planned {meta.sm_scale}")
         write_kv_cache(k, v, kv_cache, meta.write_rows, meta.write_src)

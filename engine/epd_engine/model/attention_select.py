@@ -71,6 +71,16 @@ def select_attention_backend(
     return "torch"
 
 
+def torch_only_reason(model_config: Any) -> str | None:
+    """What of the model only the torch backend runs (FlashInfer plans one mask per step,
+    not one per layer), or None."""
+    if getattr(model_config, "sliding_window", None) is not None:
+        return "sliding-window layers"
+    if getattr(model_config, "image_attention_bidirectional", False):
+        return "bidirectional attention over image tokens"
+    return None
+
+
 def make_attention_backend(
     name: str, model_config: Any, dtype: torch.dtype, device: torch.device | str
 ) -> AttentionBackend:
@@ -92,5 +102,11 @@ def attention_backend_for(
 ) -> AttentionBackend:
     """``select_attention_backend`` then ``make_attention_backend``: what an engine (or a
     profile or bench of it) runs for ``requested`` on ``device``."""
+    reason = torch_only_reason(model_config)
+    if reason is not None and requested != "torch":
+        if requested == "flashinfer":
+            raise ValueError(f"attention backend flashinfer cannot run: the model has {reason}")
+        log.info("attention backend: torch SDPA (auto: the model has %s)", reason)
+        return TorchPagedAttention()
     name = select_attention_backend(device, requested, dtype, model_config.head_dim)
     return make_attention_backend(name, model_config, dtype, device)

@@ -10,11 +10,15 @@ time goes to math, not Python:
 - a prefill with nothing cached attends over its own K/V with ``is_causal`` (SDPA's fast
   path; an explicit mask would send it down the slow general path);
 - a chunk after cached tokens gathers its pages and uses a causal mask offset by them.
+
+A sliding-window layer (``forward(..., window=w)``) masks out keys more than ``w - 1``
+positions back, and a bidirectional span (``AttentionBatch.bidirectional``) lets its tokens
+see each other; both only change masks, built once per step and window.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +40,57 @@ class PrefillPlan:
     end: int
     context_len: int
     pages: torch.Tensor | None  # [n] int64; None: nothing cached, attend over own K/V
-    mask: torch.Tensor | None  # [q_len, context_len] bool causal mask offset by the cache
+    # [q_len, context_len] bool: causal, offset by the cache, or-ed with the spans;
+    # None: plain causal over its own K/V (SDPA's is_causal)
+    mask: torch.Tensor | None
+    span_mask: torch.Tensor | None = None  # [q_len, context_len] bool: pairs in one span
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # made on first use
+
+    def mask_for(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """The mask of a layer seeing ``window`` positions back (None: all of them)."""
+        q_len = self.end - self.start
+        if window is None or window >= self.context_len:
+            return self.mask
+        if window not in self.window_masks:
+            q_pos, k_pos = _positions(self.context_len, q_len, device)
+            distance = q_pos[:, None] - k_pos[None, :]
+            mask = (distance >= 0) & (distance < window)
+            if self.span_mask is not None:
+                mask |= self.span_mask
+            self.window_masks[window] = mask
+        return self.window_masks[window]
+
+
+def _positions(
+    context_len: int, q_len: int, device: torch.device | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absolute positions of a sequence's queries ``[q_len]`` and keys ``[context_len]``."""
+    return (
+        torch.arange(context_len - q_len, context_len, device=device),
+        torch.arange(context_len, device=device),
+    )
+
+
+def _span_mask(
+    context_len: int,
+    q_len: int,
+    spans: list[tuple[int, int]],
+    device: torch.device,
+) -> torch.Tensor | None:
+    """``[q_len, context_len]`` bool: query and key in one bidirectional span; None when no
+    span reaches this step's queries."""
+    q_pos, k_pos = _positions(context_len, q_len, device)
+    mask = None
+    for first, end in spans:
+        if end <= context_len - q_len or first >= context_len:
+            continue
+        if end > context_len:
+            raise ValueError(f"bidirectional span [{first}, {end}) ends after this step")
+        q_in = (q_pos >= first) & (q_pos < end)
+        k_in = (k_pos >= first) & (k_pos < end)
+        pair = q_in[:, None] & k_in[None, :]
+        mask = pair if mask is None else mask | pair
+    return mask
 
 
 @dataclass
@@ -49,6 +103,18 @@ class TorchAttentionMetadata(AttentionMetadata):
     decode_rows: torch.Tensor | None  # [2, Sd * P * block_size] int64: K and V rows to gather
     decode_mask: torch.Tensor | None  # [Sd, 1, 1, P * block_size] bool
     prefills: list[PrefillPlan]
+    decode_window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by window
+
+    def decode_mask_for(self, window: int | None) -> torch.Tensor | None:
+        """``decode_mask`` of a layer seeing only the last ``window`` positions."""
+        if window is None or self.decode_mask is None:
+            return self.decode_mask
+        if window not in self.decode_window_masks:
+            length = self.decode_mask.shape[-1]
+            key_pos = torch.arange(length, device=self.decode_mask.device)
+            first = (self.context_lens[: self.num_decodes] - window)[:, None, None, None]
+            self.decode_window_masks[window] = self.decode_mask & (key_pos >= first)
+        return self.decode_window_masks[window]
 
     @property
     def write_blocks(self) -> torch.Tensor:  # [T] int64: page of each new token
@@ -126,15 +192,20 @@ class TorchPagedAttention:
             end = start + q_len
             if q_len == 0:
                 continue
-            if q_len == ctx:
-                prefills.append(PrefillPlan(start, end, ctx, None, None))
-            else:
+            spans = batch.bidirectional[seq] if batch.bidirectional else []
+            span_mask = _span_mask(ctx, q_len, spans, device) if spans else None
+            cached_pages = None
+            if q_len != ctx:
                 num_pages = -(-ctx // block_size)
                 pages_t = torch.tensor(batch.block_tables[seq][:num_pages], dtype=torch.long)
-                q_pos = torch.arange(ctx - q_len, ctx, device=device)  # [q_len]
-                k_pos = torch.arange(ctx, device=device)  # [ctx]
+                cached_pages = pages_t.to(device)
+            mask = None
+            if cached_pages is not None or span_mask is not None:
+                q_pos, k_pos = _positions(ctx, q_len, device)
                 mask = k_pos[None, :] <= q_pos[:, None]  # [q_len, ctx]
-                prefills.append(PrefillPlan(start, end, ctx, pages_t.to(device), mask))
+                if span_mask is not None:
+                    mask |= span_mask
+            prefills.append(PrefillPlan(start, end, ctx, cached_pages, mask, span_mask))
             start = end
         write_blocks = torch.div(base.slot_mapping, block_size, rounding_mode="floor")
         write_offsets = base.slot_mapping % block_size
@@ -180,6 +251,7 @@ class TorchPagedAttention:
         kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         if not isinstance(meta, TorchAttentionMetadata):
             raise TypeError("TorchPagedAttention needs metadata from its own prepare()")
@@ -189,10 +261,11 @@ class TorchPagedAttention:
         out = torch.empty_like(q)  # [T, Hq, D]
         if meta.decode_pages is not None:
             rows = meta.num_decodes  # decodes own query rows 0..Sd-1, one each
-            out[:rows] = self._decodes(q[:rows], kv_cache, meta, scale)
+            out[:rows] = self._decodes(q[:rows], kv_cache, meta, scale, window)
         for plan in meta.prefills:
             q_seq = q[plan.start : plan.end].transpose(0, 1)[None]  # [1, Hq, q_len, D]
-            if plan.pages is None:  # nothing cached before: attend over this step's K/V
+            mask = plan.mask_for(window, q.device)
+            if plan.pages is None and mask is None:  # nothing cached: attend over own K/V
                 # Heads expanded by hand: with enable_gqa CPU SDPA leaves its flash path (2x).
                 group = num_q_heads // num_kv_heads
                 # 4-D inputs: CPU SDPA takes its flash path only with a batch dimension (10x)
@@ -204,13 +277,16 @@ class TorchPagedAttention:
                     scale=scale,
                 )[0].transpose(0, 1)
                 continue
-            k_ctx = _gather(kv_cache, plan.pages, plan.context_len, 0).to(q.dtype)
-            v_ctx = _gather(kv_cache, plan.pages, plan.context_len, 1).to(q.dtype)
+            if plan.pages is None:  # a masked prefill with nothing cached: its own K/V
+                k_ctx, v_ctx = k[plan.start : plan.end], v[plan.start : plan.end]
+            else:
+                k_ctx = _gather(kv_cache, plan.pages, plan.context_len, 0).to(q.dtype)
+                v_ctx = _gather(kv_cache, plan.pages, plan.context_len, 1).to(q.dtype)
             seq_out = F.scaled_dot_product_attention(
                 q_seq,
                 k_ctx.transpose(0, 1)[None],  # [1, Hkv, ctx, D]
                 v_ctx.transpose(0, 1)[None],
-                attn_mask=plan.mask,
+                attn_mask=mask,
                 scale=scale,
                 enable_gqa=gqa,
             )  # [1, Hq, q_len, D]
@@ -223,6 +299,7 @@ class TorchPagedAttention:
         kv_cache: torch.Tensor,
         meta: TorchAttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:  # [Sd, Hq, D]
         assert meta.decode_rows is not None and meta.decode_mask is not None
         num_seqs, length = q.shape[0], meta.decode_mask.shape[-1]
@@ -236,7 +313,7 @@ class TorchPagedAttention:
             q[:, :, None, :],  # [Sd, Hq, 1, D]
             k,
             v,
-            attn_mask=meta.decode_mask,
+            attn_mask=meta.decode_mask_for(window),
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )  # [Sd, Hq, 1, D]

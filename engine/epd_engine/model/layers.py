@@ -74,11 +74,14 @@ class SwiGLUMLP(nn.Module):
 
 
 def activation(name: str) -> nn.Module:
-    """The activations LLaVA-1.5 uses: CLIP's ``quick_gelu`` and the projector's exact ``gelu``."""
+    """The activations of our ViTs: CLIP's ``quick_gelu``, LLaVA's projector's exact ``gelu``
+    and SigLIP's ``gelu_pytorch_tanh``."""
     if name == "quick_gelu":
         return QuickGELU()
     if name == "gelu":
         return nn.GELU()
+    if name == "gelu_pytorch_tanh":
+        return nn.GELU(approximate="tanh")
     raise ValueError(f"unsupported activation {name!r}")
 
 

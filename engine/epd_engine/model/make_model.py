@@ -1,6 +1,6 @@
 """Write a random-weight checkpoint in a family's hub layout (LLaVA: the layout of
 ``llava-hf/llava-1.5-7b-hf``; Qwen2-VL: ``Qwen/Qwen2-VL-7B-Instruct``; Qwen3-VL:
-``Qwen/Qwen3-VL-8B-Instruct``).
+``Qwen/Qwen3-VL-8B-Instruct``; Gemma 3: ``google/gemma-3-4b-it``).
 
 Weights are generated shard by shard (only one shard in memory); values per tensor come
 from ``make_specs.random_tensor``.
@@ -18,6 +18,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from epd_engine.model.gemma3_files import write_gemma3_files
+from epd_engine.model.gemma3_preset import GEMMA3_PRESETS, Gemma3Preset
+from epd_engine.model.gemma3_preset import tensor_specs as gemma3_tensor_specs
 from epd_engine.model.make_specs import (
     LOGIT_SCALE,
     TensorSpec,
@@ -36,10 +39,11 @@ from epd_engine.model.qwen3_vl_preset import QWEN3_VL_PRESETS, Qwen3VLPreset
 from epd_engine.model.qwen3_vl_preset import tensor_specs as qwen3_vl_tensor_specs
 
 __all__ = ["ALL_PRESETS", "make_model", "plan_shards", "tensor_specs"]
-ALL_PRESETS: dict[str, LlavaPreset | Qwen2VLPreset | Qwen3VLPreset] = {
+ALL_PRESETS: dict[str, LlavaPreset | Qwen2VLPreset | Qwen3VLPreset | Gemma3Preset] = {
     **PRESETS,
     **QWEN2_VL_PRESETS,
     **QWEN3_VL_PRESETS,
+    **GEMMA3_PRESETS,
 }
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -119,7 +123,10 @@ def make_model(
     (out_dir / "config.json").write_text(
         json.dumps(spec_preset.hf_config(dtype_name), indent=2) + "\n"
     )
-    if isinstance(spec_preset, Qwen3VLPreset):
+    if isinstance(spec_preset, Gemma3Preset):
+        write_gemma3_files(spec_preset, out_dir)
+        specs = gemma3_tensor_specs(spec_preset)
+    elif isinstance(spec_preset, Qwen3VLPreset):
         write_qwen3_vl_files(spec_preset, out_dir)
         specs = qwen3_vl_tensor_specs(spec_preset)
     elif isinstance(spec_preset, Qwen2VLPreset):

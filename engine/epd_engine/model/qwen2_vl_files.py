@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from epd_engine.model.gemma3_preset import Gemma3Preset
 from epd_engine.model.make_tokenizer import corpus_lines, pad_vocab
 from epd_engine.model.qwen2_vl_preset import IMAGE_MEAN, IMAGE_STD, SPECIAL_TOKENS, Qwen2VLPreset
 from epd_engine.model.qwen3_vl_preset import Qwen3VLPreset
@@ -41,7 +42,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer(
-    preset: Qwen2VLPreset | Qwen3VLPreset, specials: Sequence[str] = SPECIAL_TOKENS
+    preset: Qwen2VLPreset | Qwen3VLPreset | Gemma3Preset, specials: Sequence[str] = SPECIAL_TOKENS
 ) -> Tokenizer:
     """Byte-level BPE of ``base_vocab_size`` tokens, then the family's special tokens."""
     base_vocab = preset.base_vocab_size

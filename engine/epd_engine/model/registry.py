@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epd_engine.contracts.image_grid import smart_resize
+from epd_engine.model.gemma3_config import Gemma3ModelConfig
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError, read_json
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
 from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
@@ -22,7 +23,7 @@ from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
 if TYPE_CHECKING:
     from epd_engine.model.mrope import MRopeState
 
-ModelConfig = LlavaModelConfig | Qwen2VLModelConfig | Qwen3VLModelConfig
+ModelConfig = LlavaModelConfig | Qwen2VLModelConfig | Qwen3VLModelConfig | Gemma3ModelConfig
 DynamicResolutionConfig = Qwen2VLModelConfig | Qwen3VLModelConfig  # image_grid_thw families
 Skippable = Callable[[str], bool]
 RopeRule = Callable[[list[int], Sequence[Any]], "MRopeState"]  # (token ids, ImageRefs) -> state
@@ -56,7 +57,12 @@ class ModelFamily:
     name: str
     architectures: tuple[str, ...]  # config.json "architectures" values we accept
     model_type: str
-    config_class: type[LlavaModelConfig] | type[Qwen2VLModelConfig] | type[Qwen3VLModelConfig]
+    config_class: (
+        type[LlavaModelConfig]
+        | type[Qwen2VLModelConfig]
+        | type[Qwen3VLModelConfig]
+        | type[Gemma3ModelConfig]
+    )
     module: str  # dotted module holding the vision and language classes
     vision_class: str
     language_class: str
@@ -278,7 +284,53 @@ QWEN3_VL = ModelFamily(
     presets=("tiny-qwen3-vl", "qwen3-vl-8b"),
 )
 
-FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
+
+# ---- Gemma 3 ----------------------------------------------------------------------------
+def _gemma3_language_source(config: Any, param_name: str) -> str:
+    if param_name.startswith("lm_head."):
+        if config.tie_word_embeddings:
+            return "language_model.model.embed_tokens.weight"
+        return "language_model." + param_name
+    return "language_model.model." + param_name
+
+
+def _gemma3_image_tokens(model_dir: Path, config: ModelConfig) -> Callable[[int, int], int]:
+    assert isinstance(config, Gemma3ModelConfig)
+    tokens = config.num_image_tokens
+    return lambda width, height: tokens  # every image is resized to one square
+
+
+GEMMA3 = ModelFamily(
+    name="gemma3",
+    architectures=("Gemma3ForConditionalGeneration",),
+    model_type="gemma3",
+    config_class=Gemma3ModelConfig,
+    module="epd_engine.model.gemma3",
+    vision_class="Gemma3Vision",
+    language_class="Gemma3Language",
+    layout=CheckpointLayout(  # the release's names; transformers 4.57 saves the aliases
+        vision_prefixes=("vision_tower.", "multi_modal_projector."),
+        language_prefixes=("language_model.",),
+        aliases=(
+            ("model.language_model.", "language_model.model."),
+            ("model.vision_tower.", "vision_tower."),
+            ("model.multi_modal_projector.", "multi_modal_projector."),
+            ("lm_head.", "language_model.lm_head."),
+        ),
+        vision_source=_llava_vision_source,  # SigLIP's names sit where CLIP's do
+        language_source=_gemma3_language_source,
+        # a SigLIP head (vision_use_head) Gemma 3 never runs; a saved copy of the tied head
+        vision_skippable=lambda config: (
+            lambda name: name.startswith("vision_tower.vision_model.head.")
+        ),
+        language_skippable=lambda name: name == "language_model.lm_head.weight",
+    ),
+    image_tokens=_gemma3_image_tokens,
+    processor=lambda model_dir: _gemma3_processor(model_dir),
+    presets=("tiny-gemma3", "gemma3-4b"),
+)
+
+FAMILIES: tuple[ModelFamily, ...] = (LLAVA, QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GEMMA3)
 
 
 def _auto_processor(model_dir: Path) -> Any:
@@ -297,6 +349,12 @@ def _qwen3_vl_processor(model_dir: Path) -> Any:
     from epd_engine.model.qwen3_vl_processor import load_qwen3_vl_processor
 
     return load_qwen3_vl_processor(model_dir)
+
+
+def _gemma3_processor(model_dir: Path) -> Any:
+    from epd_engine.model.gemma3_processor import load_gemma3_processor
+
+    return load_gemma3_processor(model_dir)
 
 
 def supported_architectures() -> list[str]:
