@@ -326,6 +326,52 @@ class ProfilerSpec(_Model):
     )
 
 
+class CapacitySpec(_Model):
+    """How many GPUs the pools may hold, and how far ahead the loop sizes them (mode Auto)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.minGPUs) || !has(self.maxGPUs) || self.minGPUs <= self.maxGPUs",
+                    "capacity.minGPUs must not exceed capacity.maxGPUs",
+                    ".minGPUs",
+                ),
+            ]
+        }
+    )
+
+    min_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        alias="minGPUs",
+        description="Fewest GPUs the loop scales down to; unset: maxGPUs (a fixed size).",
+    )
+    max_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        alias="maxGPUs",
+        description="Most GPUs the loop plans for; unset: gpuBudget. At most gpuBudget, which "
+        "stays the ceiling of everything the pools hold, a rollout's old and new pools included.",
+    )
+    headroom_percent: int = Field(
+        default=20,
+        ge=0,
+        le=400,
+        description="The loop plans for the observed request rate plus this much: the fewest "
+        "GPUs whose simulated goodput at the SLO covers it.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="A plan with fewer GPUs replaces the current one only this long after the "
+        "last plan change (scale-ups are not held back).",
+    )
+
+
 # --- engine, router, monitoring, rollout -----------------------------------------------------
 
 
@@ -457,6 +503,18 @@ class EPDDeploymentSpec(_Model):
                     ".gpuBudget",
                 ),
                 _cel(
+                    "!has(self.capacity) || !has(self.capacity.maxGPUs) || "
+                    "self.capacity.maxGPUs <= self.gpuBudget",
+                    "capacity.maxGPUs must not exceed gpuBudget (the ceiling of all the pools)",
+                    ".capacity.maxGPUs",
+                ),
+                _cel(
+                    "!has(self.capacity) || !has(self.capacity.minGPUs) || has(self.capacity."
+                    "maxGPUs) || self.capacity.minGPUs <= self.gpuBudget",
+                    "capacity.minGPUs must not exceed gpuBudget (capacity.maxGPUs unset)",
+                    ".capacity.minGPUs",
+                ),
+                _cel(
                     f"self.disaggregation.mode != 'Auto' || {_AUTO_ROLE_GPUS}",
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     "gpusPerInstance may be lower, not higher",
@@ -468,6 +526,7 @@ class EPDDeploymentSpec(_Model):
 
     model: ModelSpec
     gpu_budget: int = Field(ge=1, le=4096, description="GPUs the pools may use at most, in total.")
+    capacity: CapacitySpec = Field(default_factory=lambda: CapacitySpec(), json_schema_extra=_OBJ)
     gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1)
     slo: SLOSpec = Field(default_factory=lambda: SLOSpec(), json_schema_extra=_OBJ)
     disaggregation: DisaggregationSpec = Field(
@@ -496,6 +555,18 @@ class EPDDeploymentSpec(_Model):
                     f"the role's engine.roles.<role>.gpusPerInstance) but gpuBudget is "
                     f"{self.gpu_budget}"
                 )
+        capacity = self.capacity
+        max_gpus = capacity.max_gpus if capacity.max_gpus is not None else self.gpu_budget
+        if max_gpus > self.gpu_budget:
+            raise ValueError(
+                f"capacity.maxGPUs ({max_gpus}) must not exceed gpuBudget ({self.gpu_budget}, "
+                "the ceiling of all the pools)"
+            )
+        if capacity.min_gpus is not None and capacity.min_gpus > max_gpus:
+            raise ValueError(
+                f"capacity.minGPUs ({capacity.min_gpus}) must not exceed capacity.maxGPUs "
+                f"({max_gpus})"
+            )
         if self.disaggregation.mode == "Auto":
             over = [r.value for r in Role if engine.gpus_for(r) > engine.gpus_per_instance]
             if over:

@@ -54,13 +54,30 @@ class PlanChoice:
 
 
 def instances_allowed(spec: EPDDeploymentSpec) -> int:
-    """Instances the GPU budget pays for (at least one: a CPU engine needs no GPU)."""
-    return max(spec.gpu_budget // max(spec.engine.gpus_per_instance, 1), 1)
+    """Most instances the loop plans for: ``capacity.maxGPUs`` (unset: the GPU budget) pays
+    for (at least one: a CPU engine needs no GPU)."""
+    return instance_range(spec)[1]
+
+
+def instance_range(spec: EPDDeploymentSpec) -> tuple[int, int]:
+    """Fewest and most instances a plan may have (``spec.capacity``; equal: a fixed size)."""
+    per_instance = max(spec.engine.gpus_per_instance, 1)
+    capacity = spec.capacity
+    max_gpus = capacity.max_gpus if capacity.max_gpus is not None else spec.gpu_budget
+    min_gpus = capacity.min_gpus if capacity.min_gpus is not None else max_gpus
+    most = max(max_gpus // per_instance, 1)
+    return min(max(min_gpus // per_instance, 1), most), most
+
+
+def is_elastic(spec: EPDDeploymentSpec) -> bool:
+    low, high = instance_range(spec)
+    return low < high
 
 
 def budget_changed(spec: EPDDeploymentSpec, current: PlanStatus) -> bool:
-    """The plan no longer has the instances the GPU budget pays for (lowered or raised)."""
-    return current.to_plan().num_instances != instances_allowed(spec)
+    """The plan's instances are outside what the capacity allows now (the range moved)."""
+    low, high = instance_range(spec)
+    return not low <= current.to_plan().num_instances <= high
 
 
 def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: str = "") -> Plan:
@@ -208,6 +225,23 @@ def choose_plan(
     best = proposal.plan
     if same_plan(best, now_plan):
         return PlanChoice(best, True, ConditionState("True", "PlanConfirmed", best.reason))
+    if best.num_instances > now_plan.num_instances:  # the load outgrew the plan: at once
+        return PlanChoice(best, True, ConditionState("True", "ScaledUp", best.reason))
+    if best.num_instances < now_plan.num_instances:
+        window_s = spec.capacity.scale_down_stabilization_seconds
+        if seconds_since_change < window_s:
+            wait_s = window_s - seconds_since_change
+            return PlanChoice(
+                now_plan,
+                True,
+                ConditionState(
+                    "True",
+                    "ScaleDownPending",
+                    f"{best.describe()} would do; kept {now_plan.describe()} until the "
+                    f"scale-down stabilisation window ends ({int(wait_s)} s left)",
+                ),
+            )
+        return PlanChoice(best, True, ConditionState("True", "ScaledDown", best.reason))
     gain = _gain_note(best, proposal.current_goodput_rps, now_plan, prof.switch_margin_percent)
     if gain is not None:
         return PlanChoice(now_plan, True, ConditionState("True", "KeptCurrentPlan", gain))

@@ -27,7 +27,7 @@ from epd_engine.profiler.candidates import ALL_METHODS, Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
 from epd_engine.profiler.reference import reference_cost_model
-from epd_engine.profiler.search import Hint, search_plans, to_plan
+from epd_engine.profiler.search import Hint, SearchResult, exhaustive_search, to_plan
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.planning.choice import (
     Planner,
@@ -35,8 +35,10 @@ from epd_operator.planning.choice import (
     Proposal,
     WorkloadStats,
     heuristic_plan,
-    instances_allowed,
+    instance_range,
+    is_elastic,
 )
+from epd_operator.planning.sizing import fewest_instances
 
 MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
 PLAN_TIMEOUT_S = 60.0
@@ -136,12 +138,17 @@ def profiler_proposal(
     num_in_window: int | None = None,
     current: Plan | None = None,
     same_host: bool = False,
+    target_rps: float | None = None,
 ) -> Proposal:
     """The highest-goodput plan for the trace, by exhaustive simulated search, and the
     ``current`` plan's goodput simulated on the same sample (to compare them fairly).
 
-    Candidates: every method and ratio for ``instances_allowed(spec)`` instances (no
-    encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. The plan carries
+    Candidates: every method and ratio for the most instances ``spec.capacity`` allows (no
+    encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. With an elastic
+    capacity and ``target_rps`` (the rate to serve, headroom included): for the fewest
+    instances whose best plan's goodput covers it (``sizing.fewest_instances``), and the
+    ``current`` plan when it has that many instances and covers it too (ties go to the
+    current plan). The plan carries
     ``predicted`` (goodput, p90 TTFT/TPOT at it) and its trace provenance; batch budgets are
     left out (each engine measures its own at start-up). ``num_in_window``: how many requests
     ``records`` was sampled from, if it was. ``same_host``: every instance runs on one host
@@ -154,12 +161,25 @@ def profiler_proposal(
     # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp.
     cost = cost.for_backend(spec.engine.transfer_backend, same_host=same_host)
     slo = spec.slo.to_slo()
-    num_instances = instances_allowed(spec)
     methods = methods_for(sample)
-    evaluator, result, _ = search_plans(
-        sample, cost, slo, num_instances, methods=methods, with_heuristic=False,
-        show_progress=False, hint=previous_hint(current, num_instances, methods),
-    )  # fmt: skip
+    evaluator = Evaluator(sample, cost, slo)
+
+    def search(num_instances: int) -> SearchResult:
+        hint = previous_hint(current, num_instances, methods)
+        return exhaustive_search(evaluator, num_instances, methods, False, 1, hint)
+
+    low, high = instance_range(spec)
+    sizing = ""
+    if target_rps is not None and low < high:
+        sized = fewest_instances(search, low, high, target_rps)
+        num_instances, result = sized.num_instances, sized.result
+        short = "" if sized.covers else ", the most allowed, short of it"
+        sizing = (
+            f"; {num_instances} instances for {target_rps:.3g} rps (rate x headroom{short}; "
+            f"{sized.num_searches} sizes searched in [{low}, {high}])"
+        )
+    else:
+        num_instances, result = high, search(high)
     at = f"TTFT<={slo.ttft_s:g}s, TPOT<={slo.tpot_s:g}s"
     if result.best is None:
         raise PlanningError(
@@ -176,7 +196,7 @@ def profiler_proposal(
     link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
     reason = (
         f"profiler: best of {result.num_candidates} plans on {on} at {at} "
-        f"({result.num_pruned} pruned by bound); cost model: {label}{link}"
+        f"({result.num_pruned} pruned by bound); cost model: {label}{link}{sizing}"
     )
     plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
     current_rps = None
@@ -184,7 +204,11 @@ def profiler_proposal(
         current_rps = searched_goodput(result.evaluations, candidate_of(current))
         if current_rps is None:  # the search did not need its exact goodput
             current_rps = simulated_goodput(evaluator, current)
-    return Proposal(plan, current_rps, result.num_simulations)
+        if sizing and target_rps is not None and current_rps >= target_rps:
+            # as few instances as the best, and it covers the target too: a tie, kept
+            why = f"{current.describe()} kept: it covers the rate too{sizing}"
+            plan = current.model_copy(update={"reason": why})
+    return Proposal(plan, current_rps, evaluator.num_simulations)
 
 
 def candidate_of(plan: Plan) -> Candidate:
@@ -234,13 +258,22 @@ def _plan_in_child(
     num_in_window: int,
     current: Plan | None,
     same_host: bool,
+    target_rps: float | None,
 ) -> None:
     # tqdm's default lock is a multiprocessing semaphore the parent's resource tracker would
     # report as leaked when this process ends; the search is single-threaded here.
     tqdm.set_lock(threading.RLock())
     try:
         got = profiler_proposal(
-            spec, records, cost, cost_label, len(records), num_in_window, current, same_host
+            spec,
+            records,
+            cost,
+            cost_label,
+            len(records),
+            num_in_window,
+            current,
+            same_host,
+            target_rps,
         )
         reply = (got.plan.model_dump_json(), got.current_goodput_rps, got.num_simulations)
         conn.send((True, reply))
@@ -261,6 +294,7 @@ def bounded_profiler_plan(
     max_requests: int = MAX_PLAN_REQUESTS,
     current: Plan | None = None,
     same_host: bool = False,
+    target_rps: float | None = None,
 ) -> Proposal:
     """``profiler_proposal`` in a child process (spawned: the operator's threads are not forked),
     killed after ``timeout_s``. Raises PlanningError on time-out or failure. Spawning
@@ -273,7 +307,7 @@ def bounded_profiler_plan(
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_plan_in_child,
-        args=(send, spec, sample, cost, cost_label, len(records), current, same_host),
+        args=(send, spec, sample, cost, cost_label, len(records), current, same_host, target_rps),
         name="epd-plan-search",
         daemon=True,
     )
@@ -297,6 +331,14 @@ def bounded_profiler_plan(
         raise PlanningError(payload)
     plan_json, current_rps, num_simulations = payload
     return Proposal(Plan.model_validate_json(plan_json), current_rps, num_simulations)
+
+
+def target_rate(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> float | None:
+    """The rate an elastic capacity is sized for: the window's rate plus the headroom (None:
+    a fixed size, or no rate measured)."""
+    if not is_elastic(spec) or stats is None:
+        return None
+    return stats.request_rate_rps * (1 + spec.capacity.headroom_percent / 100)
 
 
 def auto_planner(
@@ -333,8 +375,9 @@ def auto_planner(
             return cannot(f"{len(records)} requests in the trace window, profiler needs {need}")
         try:
             cost, label = cost_source()
+            target = target_rate(spec, stats)
             return bounded_profiler_plan(
-                spec, records, cost, label, timeout_s, max_requests, current, same_host
+                spec, records, cost, label, timeout_s, max_requests, current, same_host, target
             )
         except (PlanningError, ValueError) as exc:
             return cannot(f"profiler gave no plan: {exc}")
