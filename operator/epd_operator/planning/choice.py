@@ -177,7 +177,12 @@ def choose_plan(
     passed, the window has enough requests, and the workload shifted enough or the live SLO
     attainment fell below the target; and its plan replaces the current one only if the
     cooldown since the last change passed and it beats the current plan (re-simulated on the
-    same window) by ``switchMarginPercent``. A failed search keeps the current plan."""
+    same window) by ``switchMarginPercent``. A failed search keeps the current plan.
+
+    With an elastic ``spec.capacity`` the planner also sizes the plan: one with more
+    instances replaces the current one at once (the cooldown does not hold it back), one with
+    fewer only once ``scaleDownStabilizationSeconds`` have passed since the last change; the
+    cooldown and the margin apply to a switch at the same size."""
     if spec.disaggregation.mode == "Fixed":
         return PlanChoice(fixed_plan(spec), False)
     if current is None or budget_changed(spec, current):
@@ -203,15 +208,18 @@ def choose_plan(
     )
     if not due:
         return PlanChoice(now_plan, False)
-    if seconds_since_change < prof.cooldown_seconds:
-        wait_s = prof.cooldown_seconds - seconds_since_change
-        return PlanChoice(
-            now_plan,
-            False,
-            ConditionState(
-                "True", "Cooldown", f"Re-plan due; the plan changed recently ({int(wait_s)} s left)"
-            ),
-        )
+    # an elastic capacity re-plans through the cooldown: a scale-up must not wait for it (the
+    # cooldown then holds back only a switch at the same size, below)
+    elastic = is_elastic(spec)
+    cooling = seconds_since_change < prof.cooldown_seconds
+    cooldown_note = ConditionState(
+        "True",
+        "Cooldown",
+        "Re-plan due; the plan changed recently "
+        f"({int(prof.cooldown_seconds - seconds_since_change)} s left)",
+    )
+    if cooling and not elastic:
+        return PlanChoice(now_plan, False, cooldown_note)
     try:
         proposal = planner(spec, stats, now_plan)
     except PlanningError as exc:
@@ -242,6 +250,8 @@ def choose_plan(
                 ),
             )
         return PlanChoice(best, True, ConditionState("True", "ScaledDown", best.reason))
+    if cooling:
+        return PlanChoice(now_plan, True, cooldown_note)
     gain = _gain_note(best, proposal.current_goodput_rps, now_plan, prof.switch_margin_percent)
     if gain is not None:
         return PlanChoice(now_plan, True, ConditionState("True", "KeptCurrentPlan", gain))
