@@ -387,6 +387,7 @@ class AsyncEngine:
         if stream is None:
             return
         logprobs = [event.logprobs] if event.logprobs is not None else []
+        stream.num_cached_tokens = max(stream.num_cached_tokens, event.num_cached_tokens)
         self._emit(request_id, stream, token_id, finish_reason, logprobs=logprobs)
 
     def _emit(

@@ -21,7 +21,7 @@ What a resolution can find, per request of step N:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from epd_engine.request import Request, RequestStatus
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerOutput
@@ -55,12 +55,13 @@ def resolve(step: InflightStep, scheduler: Scheduler) -> list[RequestEvent]:
         index = step.output_index[request_id]
         request.output_token_ids[index] = token
         if request.sampling.ignore_eos or token not in request.eos_token_ids:
-            events.append(RequestEvent(request_id, token, provisional.finish_reason))
+            events.append(replace(provisional, new_token_id=token))
             continue
         del request.output_token_ids[index + 1 :]  # placeholders of draws past the end
         if request.status.finished:  # a length finish, here or in the next step: EOS first
             request.status = RequestStatus.FINISHED_STOPPED
         else:  # running, or preempted by the next step's schedule (waiting)
             scheduler.finish(request_id, RequestStatus.FINISHED_STOPPED)
-        events.append(RequestEvent(request_id, token, RequestStatus.FINISHED_STOPPED.finish_reason))
+        stopped = RequestStatus.FINISHED_STOPPED.finish_reason
+        events.append(replace(provisional, new_token_id=token, finish_reason=stopped))
     return events

@@ -52,6 +52,9 @@ class RequestEvent:
     new_token_id: int | None
     finish_reason: str | None = None
     logprobs: TokenLogprobs | None = None  # when the request asked for them
+    # prompt tokens this instance's caches served: carried here because a request that
+    # ends with this event has left the scheduler by the time its output is made
+    num_cached_tokens: int = 0
 
 
 class Scheduler:
@@ -415,7 +418,12 @@ class Scheduler:
             finish = RequestStatus.FINISHED_LENGTH
         if finish is not None:
             self._finish(request, finish)
-        return RequestEvent(request.request_id, token_id, finish.finish_reason if finish else None)
+        return RequestEvent(
+            request.request_id,
+            token_id,
+            finish.finish_reason if finish else None,
+            num_cached_tokens=request.num_cached_tokens,
+        )
 
     def finish(self, request_id: str, status: RequestStatus) -> None:
         """Finish from outside (a stop string matched after detokenization)."""
