@@ -212,14 +212,10 @@ def choose_plan(
     # cooldown then holds back only a switch at the same size, below)
     elastic = is_elastic(spec)
     cooling = seconds_since_change < prof.cooldown_seconds
-    cooldown_note = ConditionState(
-        "True",
-        "Cooldown",
-        "Re-plan due; the plan changed recently "
-        f"({int(prof.cooldown_seconds - seconds_since_change)} s left)",
-    )
     if cooling and not elastic:
-        return PlanChoice(now_plan, False, cooldown_note)
+        return PlanChoice(
+            now_plan, False, _cooldown_note(prof.cooldown_seconds, seconds_since_change)
+        )
     try:
         proposal = planner(spec, stats, now_plan)
     except PlanningError as exc:
@@ -251,11 +247,20 @@ def choose_plan(
             )
         return PlanChoice(best, True, ConditionState("True", "ScaledDown", best.reason))
     if cooling:
-        return PlanChoice(now_plan, True, cooldown_note)
+        return PlanChoice(
+            now_plan, True, _cooldown_note(prof.cooldown_seconds, seconds_since_change)
+        )
     gain = _gain_note(best, proposal.current_goodput_rps, now_plan, prof.switch_margin_percent)
     if gain is not None:
         return PlanChoice(now_plan, True, ConditionState("True", "KeptCurrentPlan", gain))
     return PlanChoice(best, True, ConditionState("True", "Replanned", best.reason))
+
+
+def _cooldown_note(cooldown_s: float, seconds_since_change: float) -> ConditionState:
+    left_s = int(cooldown_s - seconds_since_change)
+    return ConditionState(
+        "True", "Cooldown", f"Re-plan due; the plan changed recently ({left_s} s left)"
+    )
 
 
 def _gain_note(
