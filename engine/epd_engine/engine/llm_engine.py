@@ -166,6 +166,7 @@ class LLMEngine:
             image_token_budget=image_budget,
             max_num_running=config.max_num_running,
             max_model_len=self.max_model_len,
+            whole_images=getattr(self.model_config, "image_attention_bidirectional", False),
         )
         self.scheduler = Scheduler(role, limits, kv, images)
         self._pixels: dict[str, list[torch.Tensor]] = {}

@@ -44,7 +44,11 @@ class InputProcessor:
     def prepare(self, messages: list[dict[str, Any]], images: list[LoadedImage]) -> PreparedPrompt:
         """``messages`` in Hugging Face chat form (content parts ``text``/``image``)."""
         text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
-        image_token = getattr(self.processor, "image_token", None)
+        # the chat template's per-image placeholder (Gemma 3: <start_of_image>, expanded by
+        # the processor into the image tokens)
+        image_token = getattr(self.processor, "boi_token", None) or getattr(
+            self.processor, "image_token", None
+        )
         if image_token and text.count(image_token) != len(images):
             # Before the processor: Qwen2-VL's would index past its last image (IndexError).
             raise ClientError(

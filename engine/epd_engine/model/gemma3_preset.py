@@ -13,6 +13,9 @@ from typing import Any
 
 from epd_engine.model.make_specs import TensorSpec, linear, norm
 
+# Embeddings are scaled by sqrt(hidden) and are also the (tied) LM head: larger, a token's
+# own embedding dominates the residual stream and greedy decoding repeats the last token.
+EMBED_STD = 0.15
 IMAGE_MEAN = [0.5, 0.5, 0.5]
 IMAGE_STD = [0.5, 0.5, 0.5]
 SPECIAL_TOKENS = (
@@ -115,9 +118,9 @@ def tensor_specs(preset: Gemma3Preset) -> list[TensorSpec]:
     )
     lm = "language_model.model"
     q_size, kv_size = tc["num_attention_heads"] * head_dim, tc["num_key_value_heads"] * head_dim
-    # Embeddings are scaled by sqrt(hidden) and also the (tied) LM head: std 0.5 keeps the
-    # logits' spread a few units per unit-RMS hidden state.
-    specs.append(TensorSpec(f"{lm}.embed_tokens.weight", (tc["vocab_size"], h), "normal", 0.5))
+    specs.append(
+        TensorSpec(f"{lm}.embed_tokens.weight", (tc["vocab_size"], h), "normal", EMBED_STD)
+    )
     for i in range(tc["num_hidden_layers"]):
         base = f"{lm}.layers.{i}"
         specs += linear(f"{base}.self_attn.q_proj", q_size, h, bias=False)

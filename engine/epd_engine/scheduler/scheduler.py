@@ -37,6 +37,10 @@ class SchedulerLimits:
     image_token_budget: int  # tau_e: image tokens encoded per iteration
     max_num_running: int
     max_model_len: int
+    # a prefill chunk never ends inside an image (Gemma 3: an image's tokens attend to each
+    # other both ways, so all of them are in one step); an image longer than the budget
+    # goes whole into a chunk of its own
+    whole_images: bool = False
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "image_token_budget", "max_num_running", "max_model_len"):
@@ -319,6 +323,8 @@ class Scheduler:
         ):
             match_for_prefill(kv, self.images, request)  # prefill starts after its cached part
         num_tokens = min(request.num_uncomputed_tokens, token_budget)
+        if self.limits.whole_images:
+            num_tokens = _end_outside_images(request, num_tokens)
         if not kv.grow(request.request_id, request.num_computed_tokens + num_tokens):
             return token_budget  # decodes keep priority on pages; retry next iteration
         out.prefills.append(self._token_task(request, Stage.PREFILL, num_tokens))
@@ -475,3 +481,15 @@ class Scheduler:
 
 def _image_sizes(request: Request) -> list[tuple[str, int]]:
     return [(image.content_hash, image.num_tokens) for image in request.images]
+
+
+def _end_outside_images(request: Request, num_tokens: int) -> int:
+    """``num_tokens`` cut back to the start of the image it would end inside, or, when that
+    image is the chunk's first token, stretched to the image's end."""
+    start = request.num_computed_tokens
+    stop = start + num_tokens
+    for image in request.images:
+        end = image.offset + image.num_tokens
+        if image.offset < stop < end:
+            return image.offset - start if image.offset > start else end - start
+    return num_tokens

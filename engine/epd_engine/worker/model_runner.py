@@ -175,6 +175,7 @@ class ModelRunner:
             context_lens=[t.start_position + t.num_tokens for t in tasks],
             block_tables=[t.block_table for t in tasks],
             block_size=self.shape.kv_block_size,
+            bidirectional=self._image_spans(tasks),
         )
         meta = self.language.prepare(batch)  # once per step; every layer only reads it
         token_ids = [token for task in tasks for token in task.token_ids]
@@ -212,6 +213,20 @@ class ModelRunner:
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[to_device(last_rows, torch.long, self.device)]
+
+    def _image_spans(self, tasks: list[TokenTask]) -> list[list[tuple[int, int]]] | None:
+        """Each task's image rows as bidirectional spans (absolute positions), for a model
+        whose image tokens see each other (Gemma 3; the scheduler keeps images whole)."""
+        assert self.language is not None
+        if not getattr(self.language.config, "image_attention_bidirectional", False):
+            return None
+        return [
+            [
+                (t.start_position + p.dst_start, t.start_position + p.dst_start + p.num_tokens)
+                for p in t.image_slices
+            ]
+            for t in tasks
+        ]
 
     def _buffered(self, tasks: list[TokenTask]) -> bool:
         """A decode-only step that fits the persistent buffers."""
