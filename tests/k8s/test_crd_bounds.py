@@ -52,8 +52,15 @@ def _set(path: str, value: Any) -> Any:
         (_set("engine.resources.limits.memory", "8Gb"), "spec.engine.resources.limits.memory",
          "should match"),
         (_set("engine.extraArgs", ["--x"] * 65), "spec.engine.extraArgs", "at most 64"),
+        (_set("capacity", {"minGPUs": 3, "maxGPUs": 2}), "spec.capacity.minGPUs",
+         "capacity.minGPUs must not exceed capacity.maxGPUs"),
+        (_set("capacity", {"maxGPUs": 4097}), "spec.capacity.maxGPUs",
+         "less than or equal to 4096"),
+        (_set("capacity", {"maxGPUs": 1000}), "spec.capacity.maxGPUs",
+         "capacity.maxGPUs must not exceed gpuBudget"),
     ],
-    ids=["gpus-per-instance", "router-replicas", "memory-quantity", "extra-args"],
+    ids=["gpus-per-instance", "router-replicas", "memory-quantity", "extra-args",
+         "capacity-min-over-max", "capacity-max-bound", "capacity-max-over-budget"],
 )  # fmt: skip
 def test_api_server_rejects_values_the_engine_cannot_run(
     cluster: Cluster, crd: None, namespace: str, mutate: Any, field: str, words: str
