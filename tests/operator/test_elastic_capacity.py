@@ -6,9 +6,12 @@ textvqa at the default SLO, the best plan of 1, 2, 3, 4 instances serves 13.9, 2
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from epd_engine.config import Method, Role
@@ -31,8 +34,10 @@ from epd_operator.planning.choice import (
 )
 from epd_operator.planning.planner import profiler_proposal, target_rate, workload_stats
 from tests.operator.conftest import make_spec_dict
+from tests.processes import EPDCTL
 
 WINDOW_S = 900.0
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "k8s" / "epd-tiny-cpu.yaml"
 
 
 def elastic_spec(**capacity: Any) -> EPDDeploymentSpec:
@@ -214,3 +219,15 @@ def test_a_stationary_load_gives_no_scale_event_over_many_intervals() -> None:
         assert choice.plan.num_instances == plan.num_instances, reasons
         plan = choice.plan
     assert "ScaledUp" not in reasons and "ScaledDown" not in reasons
+
+
+def test_epdctl_up_refuses_an_invalid_range_naming_the_field(tmp_path: Path) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["spec"]["capacity"] = {"minGPUs": 3, "maxGPUs": 2}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    done = subprocess.run(
+        [*EPDCTL, "up", "-f", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "capacity.minGPUs (3) must not exceed capacity.maxGPUs (2)" in done.stderr
