@@ -164,9 +164,10 @@ class ModelSource(_Model):
 
     pvc: PVCSource | None = None
     host_path: HostPathSource | None = None
-    preset: Literal["tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl"] | None = Field(
-        default=None, description="Random-weight checkpoint made at start-up (for trials)."
-    )
+    preset: (
+        Literal["tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-gemma3"]
+        | None
+    ) = Field(default=None, description="Random-weight checkpoint made at start-up (for trials).")
     hugging_face_cache: HuggingFaceCache | None = Field(
         default=None, description="The pvc or hostPath volume is a Hugging Face hub cache."
     )
