@@ -13,7 +13,11 @@ it is killed (SIGKILL). What each client sees is the documented contract
 - the other replica's requests all complete, and new ones keep succeeding while replica 0
   is down;
 - the supervisor starts replica 0 again, the instance registers with it and the reconcile
-  pass gives it the routing the other replica has; requests it owns then succeed.
+  pass gives it the routing the other replica has; requests it owns then succeed;
+- no client is ever answered 503 "no ready instance": the balancer, as a Service, gives
+  the restarted replica connections only once its readiness probe passes (an instance has
+  registered with it). Before, a request sent to it in the moment between its start and
+  the instance's next heartbeat got that 503 on all three of the client's attempts (CI).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -52,6 +58,7 @@ class Outcome:
     end_s: float = 0.0
     request_id: str = ""  # streams: from the first chunk
     attempts: int = 0  # HTTP requests the client made for it (retries included)
+    statuses: list[int] = field(default_factory=list)  # the answers' status codes, in order
     error: str = ""
 
 
@@ -60,7 +67,20 @@ class Traffic:
     base_url: str
     outcomes: list[Outcome] = field(default_factory=list)
     stop: bool = False
+    frozen_s: float = 0.0  # monotonic: replica 0 frozen (the last time)
+    killed_s: float = 0.0
     restored_after_s: float = 0.0  # from the kill to the restarted replica routing like the other
+
+    def describe(self, outcome: Outcome) -> str:
+        """One request for a failure message: its kind, attempts and times from the kill."""
+        kind = "stream" if outcome.stream else "plain"
+        start, end = outcome.start_s - self.killed_s, outcome.end_s - self.killed_s
+        return (
+            f"{kind} {outcome.request_id or '(no id)'} attempts {outcome.attempts} "
+            f"answered {outcome.statuses} "
+            f"{start:+.2f}..{end:+.2f} s from the kill (freeze at "
+            f"{self.frozen_s - self.killed_s:+.2f}): {outcome.error}"
+        )
 
     def streams_in_flight(self, owner: str) -> list[Outcome]:
         return [
@@ -76,9 +96,13 @@ class Traffic:
         async def count(_: httpx2.Request) -> None:
             outcome.attempts += 1
 
+        async def answered(response: httpx2.Response) -> None:
+            outcome.statuses.append(response.status_code)
+
         # a fresh connection per request (the balancer spreads connections); the SDK's
         # default retries: the client contract for a broken connection (openai's own httpx)
-        http = httpx2.AsyncClient(event_hooks={"request": [count]}, timeout=REQUEST_TIMEOUT_S)
+        hooks: dict[str, list[Callable[..., Any]]] = {"request": [count], "response": [answered]}
+        http = httpx2.AsyncClient(event_hooks=hooks, timeout=REQUEST_TIMEOUT_S)
         client = openai.AsyncOpenAI(base_url=self.base_url, api_key="x", http_client=http)
         kwargs = {
             "model": "tiny-llava",
@@ -169,12 +193,17 @@ def test_a_router_replica_killed_under_traffic(tiny_model_dir: Path, tmp_path: P
     assert max(o.end_s - o.start_s for o in outcomes) < REQUEST_TIMEOUT_S
     failed = [o for o in outcomes if o.error]
     # every stream replica 0 held failed, and nothing else did
-    assert held and {id(o) for o in failed} == {id(o) for o in held}, [
-        (o.request_id, o.error) for o in failed
-    ]
+    assert held and {id(o) for o in failed} == {id(o) for o in held}, (
+        [traffic.describe(o) for o in failed],
+        [traffic.describe(o) for o in held],
+    )
     for o in failed:
         assert o.stream and owner_of(o.request_id) == first_id
         assert o.error == "APIConnectionError: Connection error.", o.error  # the SDK's own
+    # no replica told a client it had no instance: the restarted one is given connections
+    # only once an instance registered with it (CI once saw its 503 on all three attempts)
+    refused = [traffic.describe(o) for o in outcomes if 503 in o.statuses]
+    assert not refused, refused
     # its non-streaming requests were retried by the client and succeeded elsewhere
     retried = [o for o in outcomes if not o.stream and o.attempts > 1]
     assert held_plain >= 1 and retried, (held_plain, len(retried))
@@ -196,9 +225,16 @@ async def drill(state: dict) -> tuple[Traffic, list[Outcome], int, str, str]:
     traffic = Traffic(f"{state['router_url']}/v1")
     clients = [asyncio.create_task(traffic.client(i)) for i in range(NUM_CLIENTS)]
 
+    def answered_by(owner: str) -> bool:
+        return any(
+            o.stream and o.end_s and not o.error and owner_of(o.request_id) == owner
+            for o in traffic.outcomes
+        )
+
     async def replica0_busy() -> int | None:
-        """Replica 0 holds two streams and a non-streaming request: their number."""
-        if len(traffic.streams_in_flight(ids[0])) < 2:
+        """Replica 0 has answered a stream and holds two streams and a non-streaming
+        request: the number of those."""
+        if len(traffic.streams_in_flight(ids[0])) < 2 or not answered_by(ids[0]):
             return None
         pools = await pools_of(urls[0], token)
         try:
@@ -215,13 +251,14 @@ async def drill(state: dict) -> tuple[Traffic, list[Outcome], int, str, str]:
         for _ in range(10):
             held_plain = await wait_for("replica 0 busy", replica0_busy, 120)
             os.kill(pid, signal.SIGSTOP)  # nothing more leaves it
+            traffic.frozen_s = time.monotonic()
             await asyncio.sleep(2.0)  # what it sent has arrived
             held = traffic.streams_in_flight(ids[0])
             if held:
                 break
             os.kill(pid, signal.SIGCONT)  # its streams had all been sent: try again
         os.kill(pid, signal.SIGKILL)
-        killed_s = time.monotonic()
+        killed_s = traffic.killed_s = time.monotonic()
 
         async def restarted() -> str | None:
             pools = await pools_of(urls[0], token)
@@ -241,12 +278,9 @@ async def drill(state: dict) -> tuple[Traffic, list[Outcome], int, str, str]:
         assert during, "nothing succeeded while replica 0 was down"
 
         async def new_replica_served() -> bool:
-            return any(
-                o.end_s and not o.error and owner_of(o.request_id) == new_id
-                for o in traffic.outcomes
-            )
+            return answered_by(new_id)
 
-        await wait_for("a request owned by the restarted replica", new_replica_served, 120, 0.2)
+        await wait_for("a stream owned by the restarted replica", new_replica_served, 120, 0.2)
     finally:
         traffic.stop = True
         await asyncio.wait_for(asyncio.gather(*clients), REQUEST_TIMEOUT_S + 30)
