@@ -188,3 +188,21 @@ def test_profile_costs_on_qwen2_vl_charges_images_by_their_trace_tokens(
     assert cost.image_tokens(77) == 77
     assert cost.capacity.image_block_tokens == 64
     assert cost.encode.per_token_s > 0
+
+
+def test_plan_compares_with_the_heuristic_only_when_asked(
+    inputs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32 item 6: the side comparison with HydraInfer's heuristic took about 11 of 12 s
+    of a default 8-GPU, 1,000-request ``epdctl plan``; it is opt-in now."""
+    trace, cost = inputs
+    base = ["plan", "--trace", str(trace), "--cost-model", str(cost), "--gpus", "3"]
+    base += ["--slo-ttft", "0.5", "--slo-tpot", "0.05", "--no-progress", "--workers", "1"]
+    plain, compared = tmp_path / "plain.json", tmp_path / "compared.json"
+    assert main([*base, "--report", str(plain)]) == 0
+    assert json.loads(plain.read_text())["heuristic"] is None
+    assert "HydraInfer heuristic" not in capsys.readouterr().out
+    assert main([*base, "--compare-heuristic", "--report", str(compared)]) == 0
+    assert json.loads(compared.read_text())["heuristic"]["table"]
+    assert "HydraInfer heuristic" in capsys.readouterr().out
+    assert main([*base, "--no-heuristic"]) == 0  # still accepted: the default now
