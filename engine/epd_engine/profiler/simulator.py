@@ -264,6 +264,11 @@ class _Run:
             out = inst.scheduler.schedule()
             self.note_errors(out.preempted_ids, now)
         if out.is_empty:
+            # Nothing to run, but the engine still applies the empty iteration: a request
+            # admitted with nothing to do here (every image in the encoder cache) moves on
+            # to the next stage's instance (it once stayed on E for good).
+            inst.scheduler.apply(out)
+            self.hand_off_migrating(inst, now)
             return  # blocked on pages: a step or a released migration will kick it again
         step_s = self.cost.runner_step_s(out.shape()) + self.jitter.step_s()
         overheads = self.cost.overheads
@@ -307,11 +312,14 @@ class _Run:
         self.note_stages(inst, out, now)
         for task in out.pulls:  # step 2 done: the engine issues the pull after the iteration
             self.pull(inst, task, now)
+        self.hand_off_migrating(inst, now)
+        self.kick(inst, now)
+
+    def hand_off_migrating(self, inst: SimInstance, now: float) -> None:
         for request_id in list(inst.scheduler.migrating):
             if request_id not in inst.handed_off:
                 inst.handed_off.add(request_id)
                 self.hand_off(inst, request_id, now)
-        self.kick(inst, now)
 
     def note_stages(self, inst: SimInstance, out: SimOutput, now: float) -> None:
         """Close the stages a request moved past this iteration; its next local one is ready.

@@ -97,10 +97,14 @@ def test_reports_the_same_summary_as_bench() -> None:
 
 
 def test_encoder_cache_hits_skip_encode() -> None:
+    """A request whose every image E has cached goes on to P at once (it used to stay on E,
+    unfinished: E ran no iteration for it, so nothing handed it on)."""
     plan = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
     cost = toy_cost_model(encode_per_image_s=0.2)
     fresh = simulate(plan, make_trace(num=10, rate_rps=2), cost, SLO_LOOSE)
     shared = simulate(plan, make_trace(num=10, rate_rps=2, shared_images=True), cost, SLO_LOOSE)
+    assert all(r.ok for r in shared.results), [r.error for r in shared.results]
+    assert [r.path for r in shared.results] == [("E", "P", "D")] * 10
     assert fresh.busy_s_by_role["E"] == pytest.approx(10 * 0.2)
     assert shared.busy_s_by_role["E"] == pytest.approx(0.2)  # encoded once, then cache hits
 
