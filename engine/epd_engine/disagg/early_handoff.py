@@ -17,17 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import torch
 
 from epd_engine.cache.kv_cache import blocks_needed
 from epd_engine.contracts.routing_policy import InstanceLoad
-from epd_engine.request import CacheKind
 from epd_engine.scheduler.output import PullTask
 from epd_engine.transfer.backend import PageTransfer, TransferError
 from epd_engine.transfer.messages import PrefillDone, PrefillProgress
+from epd_engine.transfer.plan import kv_transfers
 
 # A target gives up on a source whose prefill shows no progress for this long.
 STALL_TIMEOUT_S = 60.0
@@ -120,9 +120,15 @@ def layer_groups(num_layers: int, layers_per_group: int) -> list[tuple[int, int]
 
 
 async def pull_groups(
-    task: PullTask, groups: list[tuple[int, int]], block_size: int, poll: Poll, pull: Pull
+    task: PullTask,
+    groups: list[tuple[int, int]],
+    block_size: int,
+    poll: Poll,
+    pull: Pull,
+    layer_windows: Sequence[int | None] = (),
 ) -> tuple[PrefillDone, float, int]:
-    """Target side: pull every layer group of ``task`` as soon as the source has written it.
+    """Target side: pull every layer group of ``task`` as soon as the source has written it
+    (a sliding-window layer's pages from its window's first page: ``plan.kv_transfers``).
 
     Returns the source's ``PrefillDone``, when it was seen (monotonic) and how many groups
     were pulled before it (moved while prefill ran). Raises ``SourceEnded`` when the source
@@ -156,11 +162,9 @@ async def pull_groups(
                     f"{task.num_kv_tokens} tokens need {needed} KV pages; the source has "
                     f"{len(progress.pages)}, {len(task.kv_blocks)} were allocated here"
                 )
-            held = task.num_held_kv_pages  # in this instance's prefix cache: not pulled
-            if held < needed:
-                src = tuple(progress.pages[held:needed])
-                dst = tuple(task.kv_blocks[held:needed])
-                await pull(PageTransfer(task.request_id, CacheKind.KV, src, dst, lo, hi))
+            # pages in this instance's prefix cache, or behind a sliding window: not pulled
+            for transfer in kv_transfers(task, progress.pages, lo, hi, block_size, layer_windows):
+                await pull(transfer)
             pending.remove((lo, hi))
             overlapped += progress.done is None
         if progress.done is not None and not pending:

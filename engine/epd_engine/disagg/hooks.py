@@ -68,6 +68,11 @@ class EngineHooks(Protocol):
     @property
     def kv_block_size(self) -> int: ...
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: global); empty when every layer is global."""
+        ...
+
     def decode(self, token_ids: list[int]) -> str:
         """Token ids to text (a migrated-in request's detokenizer resumes with it)."""
         ...
@@ -156,6 +161,10 @@ class AsyncEngineHooks:
     @property
     def kv_block_size(self) -> int:
         return self._engine.engine.config.kv_block_size
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        return tuple(getattr(self._engine.engine.model_config, "layer_windows", ()))
 
     def decode(self, token_ids: list[int]) -> str:
         return self._engine.decode(token_ids)

@@ -134,7 +134,11 @@ class Target:
                 done, issued_s = await self._pull_early(task, peer)
             else:
                 transfers = transfers_for(
-                    task, self.hooks.num_layers, self.layers_per_group, self.hooks.kv_block_size
+                    task,
+                    self.hooks.num_layers,
+                    self.layers_per_group,
+                    self.hooks.kv_block_size,
+                    self.hooks.layer_windows,
                 )
                 for transfer in transfers:  # each lands in our pages as it completes
                     await self.backend.pull(peer, transfer)
@@ -179,7 +183,8 @@ class Target:
             await self.backend.pull(peer, transfer)
 
         block_size = self.hooks.kv_block_size
-        done, done_s, overlapped = await pull_groups(task, groups, block_size, poll, pull)
+        windows = self.hooks.layer_windows
+        done, done_s, overlapped = await pull_groups(task, groups, block_size, poll, pull, windows)
         self._count_groups(task, len(groups) - overlapped, overlapped)
         return done, done_s
 

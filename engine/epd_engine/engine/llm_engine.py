@@ -167,6 +167,7 @@ class LLMEngine:
             max_num_running=config.max_num_running,
             max_model_len=self.max_model_len,
             whole_images=getattr(self.model_config, "image_attention_bidirectional", False),
+            sliding_window=getattr(self.model_config, "sliding_window", None),
         )
         self.scheduler = Scheduler(role, limits, kv, images)
         self._pixels: dict[str, list[torch.Tensor]] = {}

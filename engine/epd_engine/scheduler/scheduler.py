@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from epd_engine.cache.image_cache import ImageCacheManager
 from epd_engine.cache.kv_cache import KVCacheManager, blocks_needed
+from epd_engine.cache.window_pages import first_live_page
 from epd_engine.config import Role, Stage
 from epd_engine.request import CacheKind, Request, RequestStatus
 from epd_engine.sampling import TokenLogprobs
@@ -41,6 +42,9 @@ class SchedulerLimits:
     # other both ways, so all of them are in one step); an image longer than the budget
     # goes whole into a chunk of its own
     whole_images: bool = False
+    # the sliding layers' window (Gemma 3), None: every layer global. A KV pull leaves out
+    # the pages behind it for those layers; such pages are never published as cached
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "image_token_budget", "max_num_running", "max_model_len"):
@@ -204,6 +208,12 @@ class Scheduler:
             for image, slot in zip(request.images, self.images.slots(request_id), strict=True):
                 if not slot.cached:  # pulled just now: publish for later requests
                     self.images.mark_encoded(image.content_hash, slot)
+        if request.pull.kind is CacheKind.KV and self.limits.sliding_window and self.kv:
+            # pages behind the window came without their sliding layers: not whole
+            partial = first_live_page(
+                request.num_computed_tokens, self.limits.sliding_window, self.kv.block_size
+            )
+            request.num_registered_pages = max(request.num_registered_pages, partial)
         request.pulling = False
         request.pull = None
 

@@ -255,3 +255,39 @@ def test_kv_cache_manager_registers_only_written_pages() -> None:
     assert kv.num_cached_blocks == 2
     kv.release("a")
     assert kv.match_prefix("b", ["k0", "k1", "k2"]) == 2
+
+
+def test_pages_a_windowed_pull_left_out_for_sliding_layers_are_never_published() -> None:
+    """A KV pull leaves the pages behind the sliding window out for the sliding layers
+    (Gemma 3): those pages are not whole, so a later request must not find them cached
+    (it would read the sliding layers' stale contents as its own prefix)."""
+    from epd_engine.cache.image_cache import ImageCacheManager
+    from epd_engine.scheduler.scheduler import SchedulerLimits
+    from tests.engine.scheduler.factories import IMAGE_TOKENS
+
+    limits = SchedulerLimits(64, 4 * IMAGE_TOKENS, 16, 512, sliding_window=6)
+    kv = KVCacheManager(64, BLOCK, "model-a")
+    d = Scheduler(Role.D, limits, kv, ImageCacheManager(8, IMAGE_TOKENS))
+    prompt = list(range(1, 15))  # 14 tokens: the next one sees 9..14, pages 2 and 3
+    held = _request(prompt)
+    held.num_computed_tokens = 14
+    held.output_token_ids = [7]
+    held.pull = PullSpec(CacheKind.KV, "http://p", "p-0", kv_pages=(40, 41, 42, 43))
+    d.add(held)
+    out, _ = run_step(d)
+    (task,) = out.pulls
+    assert [t.src_pages for t in transfers_for(task, 2, 2, BLOCK, (6, None))] == [
+        (42, 43),
+        (40, 41, 42, 43),
+    ]
+    d.pull_done(held.request_id)
+    while not held.status.finished:
+        run_step(d)
+    turn2 = _request([*prompt, 7, 50, 51, 52, 53])
+    turn2.num_computed_tokens = 19
+    turn2.output_token_ids = [8]
+    turn2.pull = PullSpec(CacheKind.KV, "http://p", "p-0", kv_pages=(60, 61, 62, 63, 64))
+    d.add(turn2)
+    out, _ = run_step(d)
+    (task,) = out.pulls
+    assert task.num_held_kv_pages == 0  # without the window: 3 (tokens 0..11 from turn 1)
