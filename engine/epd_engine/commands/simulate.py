@@ -158,7 +158,11 @@ def _simulate(args: argparse.Namespace) -> int:
         results = runs[rate]
         print(f"goodput {search.goodput_rps:.3f} req/s (simulated); details at {rate:.3f} req/s")
     else:
-        results = simulator.run(records).results
+        single = simulator.run(records)
+        results = single.results
+        for role in sorted(single.prefix_queried_tokens):  # a trace with hash_ids: modelled
+            if (hit_rate := single.prefix_hit_rate(role)) is not None:
+                print(f"prefix cache {role}: {hit_rate:.1%} of prompt tokens hit (modelled)")
     summary = summarize(results, slo)
     budgets = {r.value: b.model_dump() for r, b in simulator.budgets.items()}
     print(f"plan {plan.describe()}  budgets {budgets}  link {link_label(cost)}")

@@ -2,8 +2,9 @@
 
 ``stage_work`` is the busy time one request needs per stage at the most efficient batch the
 budgets and caches allow (fixed costs amortised over a full batch, attention and KV reads
-counted exactly, encoder-cache hits free; each image at its trace tokens, and one larger than
-the image budget alone in its batch, as the engine encodes it). HydraInfer's heuristic
+counted exactly, encoder-cache hits free, prefix-cache hits at their best case
+(``sim_prefix.best_case_hits``); each image at its trace tokens, and one larger than the image
+budget alone in its batch, as the engine encodes it). HydraInfer's heuristic
 partitions instances in proportion to it; the exhaustive search uses ``goodput_bound`` to
 skip plans that cannot win:
 
@@ -27,6 +28,7 @@ from epd_engine.config import SLO, Method, Role, Stage
 from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.sim_prefix import best_case_hits
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ def stage_work(
     kv_tokens = cap.num_kv_blocks * cap.kv_block_size
 
     seen: set[str] = set()
+    hits = best_case_hits(records, cost.image_tokens)
     encode = prefill = decode = 0.0
     floors = np.zeros((4, len(records)))  # encode, migrate, prefill, tpot
     for i, record in enumerate(records):
@@ -73,9 +76,11 @@ def stage_work(
                 encode += t * _encode_per_token(cost, max(t, image_batch_tokens))
         seen.update(image.hash for image in record.images)
         prompt = record.prompt_tokens + sum(image_tokens)
+        hit = max(0, min(hits[i], prompt - 1))  # computed: positions hit .. prompt - 1
+        computed = prompt - hit
         prefill += (
-            prompt * pf_per_token
-            + lm.per_kpair_s * prompt * (prompt + 1) / 2000.0
+            computed * pf_per_token
+            + lm.per_kpair_s * (prompt * (prompt + 1) - hit * (hit + 1)) / 2000.0
             + lm.per_sample_s
         )
         steps = record.output_tokens - 1
@@ -84,9 +89,9 @@ def stage_work(
         per_step = (lm.fixed_s + lm.per_token_s * max(batch, lm.knee_tokens)) / batch
         context_k = steps * (prompt + (record.output_tokens + 1) / 2) / 1000.0
         decode += steps * (per_step + lm.per_sample_s) + lm.per_kcontext_s * context_k
-        chunks = -(-prompt // token_budget)
+        chunks = -(-computed // token_budget)
         floors[2, i] = sum(
-            cost.prefill_s(min(token_budget, prompt - k * token_budget)) for k in range(chunks)
+            cost.prefill_s(min(token_budget, computed - k * token_budget)) for k in range(chunks)
         )
         if image_tokens:
             floors[0, i] = cost.encode_s(sum(image_tokens))

@@ -15,6 +15,7 @@ from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import Capacity, FittedCostModel
+from epd_engine.profiler.sim_prefix import HASH_BLOCK_TOKENS, SIM_PREFIX_SALT, prompt_token_ids
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
@@ -26,11 +27,13 @@ def build_scheduler(
     budgets: Budgets,
     capacity: Capacity,
     kind: type[SimScheduler] = SimScheduler,
+    prefix_cache: bool = False,
 ) -> SimScheduler:
     """A scheduler set up the way ``LLMEngine`` sets up its own (``kind``: ``EngineScheduler``
-    for the reference path)."""
+    for the reference path; ``prefix_cache``: its KV pages cached by key, ``sim_prefix.py``)."""
+    salt = SIM_PREFIX_SALT if prefix_cache else None
     kv = (
-        KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size)
+        KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size, salt)
         if role.needs_language
         else None
     )
@@ -96,11 +99,22 @@ class SimInstance:
 
 
 class RequestFactory:
-    """Trace records -> engine requests (ids are the record's index in the trace)."""
+    """Trace records -> engine requests (ids are the record's index in the trace).
 
-    def __init__(self, cost: FittedCostModel) -> None:
+    ``prefix_cache``: the instances model the prefix cache, so a prompt's token ids carry
+    its shared blocks (``sim_prefix.py``) and no recorded hit is replayed."""
+
+    def __init__(
+        self,
+        cost: FittedCostModel,
+        prefix_cache: bool = False,
+        block_tokens: int = HASH_BLOCK_TOKENS,
+    ) -> None:
         self.cost = cost
-        self._prompts: dict[int, list[int]] = {}  # token ids never matter: share one per length
+        self.prefix_cache = prefix_cache
+        self.block_tokens = block_tokens
+        # token ids matter only to a prefix cache: otherwise share one prompt per length
+        self._prompts: dict[int, list[int]] = {}
 
     def image_tokens(self, record: TraceRecord) -> list[int]:
         return [self.cost.image_tokens(image.tokens) for image in record.images]
@@ -112,7 +126,10 @@ class RequestFactory:
             images.append(ImageRef(image.hash, offset, num_tokens, image.width, image.height))
             offset += num_tokens
         total = offset + record.prompt_tokens
-        prompt = self._prompts.setdefault(total, [0] * total)
+        if self.prefix_cache:
+            prompt = prompt_token_ids(record, index, offset, total, self.block_tokens)
+        else:
+            prompt = self._prompts.setdefault(total, [0] * total)
         sampling = SamplingParams(max_tokens=record.output_tokens, temperature=0.0, ignore_eos=True)
         request = Request(
             request_id=str(index),
@@ -121,7 +138,8 @@ class RequestFactory:
             images=images,
             arrival_s=record.arrival_s,
         )
-        # what the caches served as the trace recorded it: prefill starts after it, as the
-        # engine's does after its prefix cache's pages (at least one token is computed)
-        request.num_computed_tokens = max(0, min(record.cached_tokens or 0, total - 1))
+        if not self.prefix_cache:
+            # what the caches served as the trace recorded it: prefill starts after it, as
+            # the engine's does after its prefix cache's pages (at least one token computed)
+            request.num_computed_tokens = max(0, min(record.cached_tokens or 0, total - 1))
         return request

@@ -23,6 +23,7 @@ from epd_engine.profiler.cost_model import BatchShape
 from epd_engine.request import Request, RequestStatus
 from epd_engine.scheduler import Scheduler
 from epd_engine.scheduler.output import SchedulerOutput, TokenTask
+from epd_engine.scheduler.prefix import register_written
 
 _RUNNING = RequestStatus.RUNNING
 _ENCODE, _PREFILL, _DECODE = Stage.ENCODE, Stage.PREFILL, Stage.DECODE
@@ -197,6 +198,12 @@ class SimScheduler(Scheduler):
         decoded here and goes on is at decode, which this role runs: only the release."""
         stages = self._stages
         images = self.images
+        kv = self.kv
+        if kv is not None and kv.hasher is not None:  # a modelled prefix cache (sim_prefix.py)
+            block_size = kv.block_size
+            for request in self.running:
+                if request.num_computed_tokens // block_size > request.num_registered_pages:
+                    register_written(kv, request)
         for request in list(self.running):
             if request.request_id in still_decoding:
                 if images is not None:

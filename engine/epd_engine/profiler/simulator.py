@@ -11,6 +11,11 @@ the request can run there and the source frees its pages. Outputs ``RequestResul
 the router's per-stage seconds), so the same ``epd_engine.bench`` summary, attainment and
 goodput code reports on it.
 
+A trace with shared-prefix blocks (``hash_ids``) runs every instance with the engine's
+prefix cache and routes by affinity, as the router does (``sim_prefix.py``): hits come from
+each instance's pages, not from the trace. Otherwise a request's recorded ``cached_tokens``
+are replayed (its prefill starts after them).
+
 With ``stop_on_failure`` the run ends as soon as enough requests have certainly missed the
 SLO that attainment can no longer pass (the plan search only needs pass / fail).
 """
@@ -22,15 +27,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from epd_engine.config import SLO, Stage
+from epd_engine.contracts.affinity import Affinity, PrefixAffinity
 from epd_engine.contracts.node_locality import local_choice
 from epd_engine.contracts.plan import Plan
-from epd_engine.contracts.routing_policy import LeastLoaded, RoutingPolicy, entry_candidates
+from epd_engine.contracts.routing_policy import (
+    InstanceLoad,
+    LeastLoaded,
+    RoutingPolicy,
+    entry_candidates,
+)
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.placement import instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
+from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
@@ -61,6 +73,13 @@ class SimResult:
     end_s: float = 0.0
     busy_s_by_role: dict[str, float] = field(default_factory=dict)
     num_remote_pulls: int = 0  # migrations between two nodes (``instances_per_node``)
+    # prefix cache (modelled, ``sim_prefix.py``): prompt tokens looked up and found, by role
+    prefix_queried_tokens: dict[str, int] = field(default_factory=dict)
+    prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+
+    def prefix_hit_rate(self, role: str) -> float | None:
+        queried = self.prefix_queried_tokens.get(role, 0)
+        return self.prefix_hit_tokens.get(role, 0) / queried if queried else None
 
 
 class Simulator:
@@ -88,7 +107,8 @@ class Simulator:
         self.cost = cost
         self.host_cores = host_cores
         self.slo = slo or SLO()
-        self.policy = policy or LeastLoaded()
+        # None: least loaded, or by prefix affinity when the cache is modelled (the router's)
+        self.policy = policy
         self.budgets = {}
         for role in plan.method.roles:
             budgets = plan.budgets.get(role) or derive_budgets(cost, role, self.slo)
@@ -112,7 +132,11 @@ class _Run:
         self.sim = sim
         self.cost = sim.cost
         self.records = records
-        self.factory = RequestFactory(sim.cost)
+        self.prefix_cache = models_prefix_cache(records)
+        self.factory = RequestFactory(sim.cost, self.prefix_cache)
+        self.policy: RoutingPolicy = sim.policy or (
+            PrefixAffinity() if self.prefix_cache else LeastLoaded()
+        )
         silent = sim.cost.overheads.silent_tokens
         self.track = RequestTracker(records, sim.slo if stop else None, silent, seed)
         self.instances: list[SimInstance] = []
@@ -120,7 +144,11 @@ class _Run:
             for role in sim.plan.method.roles:
                 for _ in range(sim.plan.pools[role]):
                     scheduler = build_scheduler(
-                        role, sim.budgets[role], sim.cost.capacity, sim.scheduler_kind
+                        role,
+                        sim.budgets[role],
+                        sim.cost.capacity,
+                        sim.scheduler_kind,
+                        self.prefix_cache,
                     )
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
         pools = [(role, sim.plan.pools[role]) for role in sim.plan.method.roles]
@@ -195,7 +223,16 @@ class _Run:
             busy[inst.role.value] = busy.get(inst.role.value, 0.0) + inst.busy_s
         reason = "stopped early: the SLO can no longer be met" if stopped else "never finished"
         results = self.track.results(reason)
-        return SimResult(results, stopped, self.num_steps, now, busy, self.num_remote_pulls)
+        result = SimResult(results, stopped, self.num_steps, now, busy, self.num_remote_pulls)
+        for inst in self.instances:
+            kv = inst.scheduler.kv
+            if kv is not None and kv.hasher is not None:
+                role = inst.role.value
+                queried = result.prefix_queried_tokens
+                queried[role] = queried.get(role, 0) + kv.num_queried_tokens
+                hits = result.prefix_hit_tokens
+                hits[role] = hits.get(role, 0) + kv.num_hit_tokens
+        return result
 
     # ---- events ---------------------------------------------------------------------------
     def front(self, index: int, now: float) -> None:
@@ -224,7 +261,15 @@ class _Run:
             self.track.fail(index, now, f"plan {self.sim.plan.describe()} has no entry pool")
             return None
         loads = [c.load() for c in candidates]
-        return candidates[loads.index(self.sim.policy.choose(loads))]
+        chosen, _ = self.choose(loads, affinity_key(self.records[index]))
+        return candidates[loads.index(chosen)]
+
+    def choose(self, loads: list[InstanceLoad], key: str | None) -> tuple[InstanceLoad, bool]:
+        """The policy's pick; True when it followed ``key``'s affinity."""
+        if isinstance(self.policy, PrefixAffinity):
+            chosen, outcome = self.policy.decide(loads, key)
+            return chosen, outcome is Affinity.FOLLOWED
+        return self.policy.choose(loads), False
 
     def arrive(self, index: int, now: float) -> None:
         """The request's front is done: it queues on its entry instance."""
@@ -342,8 +387,11 @@ class _Run:
         request = source.scheduler.migrating[request_id]
         targets = self.runners[request.next_stage]
         loads = [t.load() for t in targets]
-        chosen = self.sim.policy.choose(loads)
-        if self.multi_node:  # a peer on the source's node within the load bound, as peers.py
+        # prefill and decode follow the conversation's pages (peers.py); images do not
+        keyed = request.next_stage is not Stage.ENCODE
+        prefix = affinity_key(self.records[int(request_id)]) if keyed else None
+        chosen, followed = self.choose(loads, prefix)
+        if self.multi_node and not followed:  # a peer on the source's node, as peers.py
             chosen = local_choice(loads, source.node, chosen) or chosen
         target = targets[loads.index(chosen)]
         target.changed()
@@ -394,8 +442,10 @@ class _Run:
             pull_s = 0.0
             if num_tokens:
                 pull_s = self.jitter.pull_s() + self.cost.migration_s("image", num_tokens, remote)
-        else:
-            num_tokens = task.num_kv_tokens
+        else:  # pages the target's prefix cache holds are not pulled
+            num_tokens = (
+                task.num_kv_tokens - task.num_held_kv_pages * self.cost.capacity.kv_block_size
+            )
             pull_s = self.jitter.kv_pull_s() + self.cost.migration_s("kv", num_tokens, remote)
         self.track.migrated(int(task.request_id), task.kind.value, pull_s)
         self.push(now + pull_s, _PULLED, target.index, task.request_id)

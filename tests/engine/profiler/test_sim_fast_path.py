@@ -127,3 +127,23 @@ def test_fast_path_matches_the_engine_scheduler_on_variable_image_tokens(plan: P
     fast = _run(plan, trace, cost, SimScheduler, stop=False)
     reference = _run(plan, trace, cost, EngineScheduler, stop=False)
     _assert_same(fast, reference)
+
+
+@pytest.mark.parametrize("num_kv_blocks", [64, 2048])
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
+def test_fast_path_caches_prefixes_like_the_engine_scheduler(
+    plan: Plan, num_kv_blocks: int
+) -> None:
+    """A trace with shared-prefix blocks (``sim_prefix.py``): the fast path registers, finds
+    and evicts cached pages as the engine scheduler does, with few pages and with many."""
+    trace = [
+        record.model_copy(update={"hash_ids": (index % 5, index % 3)})
+        for index, record in enumerate(synthesize(MIXED, 60, ArrivalSpec("poisson", 40.0), seed=5))
+    ]
+    cost = _small_kv(reference_cost_model(), num_kv_blocks)
+    fast = _run(plan, trace, cost, SimScheduler, stop=False)
+    reference = _run(plan, trace, cost, EngineScheduler, stop=False)
+    assert sum(reference.prefix_hit_tokens.values()) > 0
+    assert fast.prefix_hit_tokens == reference.prefix_hit_tokens
+    assert fast.prefix_queried_tokens == reference.prefix_queried_tokens
+    _assert_same(fast, reference)

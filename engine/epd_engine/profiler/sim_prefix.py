@@ -1,0 +1,97 @@
+"""The prefix cache in the simulator, modelled from a trace's shared-prefix blocks.
+
+A trace whose records carry ``hash_ids`` (Mooncake's: equal ids at the start of two prompts
+mean an equal prefix, one id per ``HASH_BLOCK_TOKENS`` tokens) says which prompts share
+what, not what the engine's caches served. The simulator then runs every instance with the
+engine's own prefix cache (``KVCacheManager`` with page keys, ``match_for_prefill``,
+registration, least-recently-used eviction) on prompts whose token ids carry those blocks:
+block ``b``'s tokens are all ``hash_ids[b]``, so two prompts share a KV page exactly when
+the blocks it covers are equal (a page's key also hashes its parent's, so equal blocks at
+different positions do not meet). The rest of a prompt is its own. Hits then depend on each
+instance's KV pages, its traffic and the routing -- a smaller pool holds fewer prefixes --
+instead of being replayed from ``TraceRecord.cached_tokens``.
+
+Not modelled: a finished turn's answer is cached under the simulator's token ids (0), not
+the text the next turn resends, so a conversation's answer pages never hit (the engine's
+do); a partial block is a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from epd_engine.contracts.trace import TraceRecord
+
+HASH_BLOCK_TOKENS = 512  # Mooncake's block (``workload/trace_formats.py`` writes the same)
+SIM_PREFIX_SALT = "simulated-model"  # one model per simulation: any fixed salt
+_OWN_TOKEN = -1  # a prompt's tokens past its blocks, and image placeholders
+
+
+def models_prefix_cache(records: Sequence[TraceRecord]) -> bool:
+    """Whether a simulation of ``records`` models the prefix cache (any record says what
+    it shares) rather than replaying the hits they recorded."""
+    return any(record.hash_ids for record in records)
+
+
+def prompt_token_ids(
+    record: TraceRecord, index: int, text_offset: int, total: int, block_tokens: int
+) -> list[int]:
+    """``total`` token ids for request ``index``: images' placeholders up to
+    ``text_offset``, then the record's blocks, then tokens no other request has."""
+    own = _OWN_TOKEN - 1 - index  # negative: never a block id (Mooncake's are >= 0)
+    ids = [_OWN_TOKEN] * text_offset
+    for block in record.hash_ids or ():
+        take = min(block_tokens, total - len(ids))
+        if take <= 0:
+            break
+        ids += [block] * take
+    ids += [own] * (total - len(ids))
+    return ids
+
+
+def affinity_key(record: TraceRecord) -> str | None:
+    """What the router's prefix key stands for in a trace: the conversation (its session),
+    else the first shared block; None routes by load alone."""
+    if record.session_id is not None:
+        return f"session:{record.session_id}"
+    if record.hash_ids:
+        return f"block:{record.hash_ids[0]}"
+    return None
+
+
+def best_case_hits(
+    records: Sequence[TraceRecord],
+    image_tokens: Callable[[int], int] = int,
+    block_tokens: int = HASH_BLOCK_TOKENS,
+) -> list[int]:
+    """Per record, the prompt tokens a prefix cache could serve it at best (an unbounded
+    cache that every earlier request reached): its longest run of leading images and blocks
+    (as ``prompt_token_ids`` lays them out) an earlier record (by arrival) led with too, or,
+    where no record has blocks, its recorded ``cached_tokens``. At least one token is
+    computed. The plan search's bound counts only the rest as prefill work, so it stays an
+    upper bound on what a plan sustains. ``image_tokens``: an image's tokens (the cost
+    model's ``image_tokens``)."""
+    modelled = models_prefix_cache(records)
+    # leading runs met so far, as a trie: (parent node, image hash or block id) -> node
+    trie: dict[tuple[int, str | int], int] = {}
+    hits = [0] * len(records)
+    for index in sorted(range(len(records)), key=lambda i: records[i].arrival_s):
+        record = records[index]
+        units: list[tuple[str | int, int]] = [
+            (image.hash, image_tokens(image.tokens)) for image in record.images
+        ]
+        total = sum(tokens for _, tokens in units) + record.prompt_tokens
+        if not modelled:
+            hits[index] = max(0, min(record.cached_tokens or 0, total - 1))
+            continue
+        units += [(block, block_tokens) for block in record.hash_ids or ()]
+        node, hit, missed = 0, 0, False
+        for unit, tokens in units:
+            found = trie.get((node, unit))
+            if found is None:  # new from here on: so is the rest of the record
+                missed = True
+                found = trie[(node, unit)] = len(trie) + 1
+            hit += 0 if missed else tokens
+            node = found
+        hits[index] = max(0, min(hit, total - 1))
+    return hits
