@@ -27,7 +27,7 @@ def add_workload_args(parser: argparse.ArgumentParser, *, required: bool) -> Non
     parser.add_argument(
         "--model-family",
         default="llava-1.5",
-        help="visual tokens per image: llava-1.5, llava-next, qwen2-vl, qwen3-vl",
+        help="visual tokens per image: llava-1.5, llava-next, qwen2-vl, qwen3-vl, gemma3",
     )
     parser.add_argument(
         "--text-only-fraction", type=float, help="override the share of text-only requests"

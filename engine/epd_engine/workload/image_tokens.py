@@ -48,11 +48,18 @@ def qwen3_vl(width: int, height: int) -> int:
     return (h // 32) * (w // 32)
 
 
+def gemma3(width: int, height: int) -> int:
+    """Gemma 3: every image resized to 896x896, its 64x64 SigLIP patches pooled to 16x16 =
+    256 tokens (``mm_tokens_per_image``; pan-and-scan crops, which add images, unsupported)."""
+    return 256
+
+
 IMAGE_TOKENIZERS: dict[str, ImageTokenizer] = {
     "llava-1.5": llava_1_5,
     "llava-next": llava_next,
     "qwen2-vl": qwen2_vl,
     "qwen3-vl": qwen3_vl,
+    "gemma3": gemma3,
 }
 
 

@@ -14,6 +14,7 @@ from epd_engine.contracts.image_grid import smart_resize
 from epd_engine.model.loader import load_language
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError
 from epd_engine.model.registry import (
+    GEMMA3,
     LLAVA,
     QWEN2_VL,
     QWEN3_VL,
@@ -30,6 +31,8 @@ def test_family_by_architecture_then_model_type():
     assert family_for({"model_type": "qwen2_vl"}) is QWEN2_VL
     assert family_for({"architectures": ["Qwen3VLForConditionalGeneration"]}) is QWEN3_VL
     assert family_for({"model_type": "qwen3_vl"}) is QWEN3_VL
+    assert family_for({"architectures": ["Gemma3ForConditionalGeneration"]}) is GEMMA3
+    assert family_for({"model_type": "gemma3"}) is GEMMA3
 
 
 def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path):
@@ -40,7 +43,8 @@ def test_unknown_architecture_names_the_supported_ones(tiny_model_dir, tmp_path)
     message = (
         "unsupported architecture MllamaForConditionalGeneration; supported: "
         "LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration, "
-        "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration"
+        "Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, "
+        "Gemma3ForConditionalGeneration$"
     )
     with pytest.raises(ModelFormatError, match=message):
         family_of(model_dir)
@@ -60,6 +64,7 @@ def test_presets_belong_to_their_family():
     assert family_of_preset("tiny-llava") is LLAVA
     assert family_of_preset("tiny-qwen2-vl") is QWEN2_VL
     assert family_of_preset("tiny-qwen3-vl") is family_of_preset("qwen3-vl-8b") is QWEN3_VL
+    assert family_of_preset("tiny-gemma3") is family_of_preset("gemma3-4b") is GEMMA3
     with pytest.raises(ValueError, match="unknown preset 'nope'; choose from tiny-llava"):
         family_of_preset("nope")
 
@@ -102,3 +107,14 @@ def test_qwen3_vl_trace_tokens_are_the_released_processor_rule():
             _, h, w = grid(width, height)
             assert qwen3_vl(width, height) == h * w // 4
     assert [qwen3_vl(640, 640), qwen3_vl(28, 28)] == [400, 64]
+
+
+def test_gemma3_trace_tokens_are_the_released_fixed_count():
+    from epd_engine.model.gemma3_config import Gemma3ModelConfig
+    from epd_engine.model.gemma3_preset import GEMMA3_4B
+    from epd_engine.workload.image_tokens import get_image_tokenizer
+
+    config = Gemma3ModelConfig.from_dict(GEMMA3_4B.hf_config("bfloat16"))
+    gemma3 = get_image_tokenizer("gemma3")
+    assert gemma3(640, 480) == gemma3(28, 28) == config.num_image_tokens == 256
+    assert config.layer_windows.count(None) == 5 and config.sliding_window == 1024
