@@ -17,7 +17,7 @@ import httpx
 
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.event_stream import EventStream
-from epd_engine.engine.llm_engine import startup
+from epd_engine.engine import startup
 
 log = logging.getLogger(__name__)
 

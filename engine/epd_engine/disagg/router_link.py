@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -30,10 +30,12 @@ from epd_engine.contracts.request_owner import owner_of
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_directory import RouterDirectory
 from epd_engine.disagg.router_endpoint import RouterEndpoint
-from epd_engine.engine.async_engine import RequestOutput
-from epd_engine.engine.llm_engine import LLMEngine, StageTiming
 from epd_engine.timing import clock_domain
 from epd_engine.transfer.messages import Routing
+
+if TYPE_CHECKING:  # types only: the link itself imports no torch (emulated instances use it)
+    from epd_engine.engine.async_engine import RequestOutput
+    from epd_engine.engine.llm_engine import LLMEngine, StageTiming
 
 log = logging.getLogger(__name__)
 

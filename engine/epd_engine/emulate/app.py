@@ -6,13 +6,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import httpx
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epd_engine.api.errors import install_error_handlers
 from epd_engine.config import SLO, Role
 from epd_engine.contracts.plan import Budgets
-from epd_engine.emulate import EMULATED_NOTE, EMULATED_SUFFIX
+from epd_engine.emulate import EMULATED_NOTE, EMULATED_SUFFIX, router_side
 from epd_engine.emulate.costs import EmulatedCosts
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.instance_metrics import InstanceMetrics
@@ -36,6 +37,9 @@ class EmulatedSettings:
     pool: str = "local"
     slo: SLO = field(default_factory=SLO)
     budgets: Budgets | None = None  # None: derived from the cost model against the SLO
+    router_url: str | None = None  # set: register with this router and serve its requests
+    advertise_url: str = "http://127.0.0.1:8000"  # how the router reaches this instance
+    instance_id: str = ""
 
 
 def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
@@ -53,18 +57,27 @@ def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
         app.state.emulated = state
         loop.start()
         startup.mark("engine_built")
-        state.ready = True
-        startup.mark("serving")
-        try:
-            yield
-        finally:
-            state.ready = False
-            await loop.stop()
+        async with httpx.AsyncClient() as http:
+            if settings.router_url is not None:
+                state.link = router_side.connect(
+                    settings.router_url, settings.advertise_url, settings.instance_id,
+                    settings.role, settings.pool, engine, http,
+                )  # fmt: skip
+            state.ready = True
+            startup.mark("serving")
+            try:
+                yield
+            finally:
+                state.ready = False
+                if state.link is not None:
+                    await state.link.stop()
+                await loop.stop()
 
     app = FastAPI(title="EPD emulated instance", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.openapi_url = None
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(router_side.router)
 
     @app.get("/health/live")
     async def live() -> dict[str, str]:

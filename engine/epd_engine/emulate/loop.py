@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.instance_metrics import InstanceMetrics
@@ -34,7 +34,7 @@ class EmulatedLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def generate(self, request: Request) -> AsyncIterator[RequestEvent]:
+    async def generate(self, request: Request) -> AsyncGenerator[RequestEvent, None]:
         """Queue ``request`` and yield its events until it finishes (aborted if abandoned)."""
         queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
         self.engine.add(request)  # ValueError: can never fit (the caller answers 400)

@@ -3,11 +3,12 @@ shapes the engine answers (``api/protocol.py``, ``api/streaming.py``), with emul
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -23,6 +24,7 @@ from epd_engine.api.streaming import ChunkWriter
 from epd_engine.api.validation import check_chat_request
 from epd_engine.config import SLO
 from epd_engine.contracts.errors import ClientError, ModelNotFound
+from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate import EMULATED_NOTE
 from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.emulate.prompts import chat_request
@@ -41,6 +43,8 @@ class EmulatedState:
     metrics: Metrics
     slo: SLO
     ready: bool = False
+    link: RouterLink | None = None  # set: registered with a router, serving its requests
+    relays: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # router requests
 
 
 def _state(request: Request) -> EmulatedState:

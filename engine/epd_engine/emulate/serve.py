@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from epd_engine.cli import UserError
-from epd_engine.config import SLO, Role
+from epd_engine.config import SLO, Role, internal_token_set
 from epd_engine.contracts.plan import Budgets
 from epd_engine.emulate.app import EmulatedSettings, create_emulated_app
 from epd_engine.emulate.costs import EmulatedCosts
@@ -24,14 +24,17 @@ def emulated_settings(args: argparse.Namespace) -> EmulatedSettings:
             f"--emulate does not load checkpoints: {model} is a checkpoint directory; give "
             "--model a name (or leave it out), or drop --emulate to serve the real model"
         )
-    if args.router_url:
-        raise UserError(
-            "--emulate with --router-url is not built yet: an emulated instance serves its "
-            "OpenAI API alone (role EPD)"
-        )
     role = Role(args.role)
     if role is not Role.EPD:
-        raise UserError(f"--emulate serves role EPD alone for now, not {role.value}")
+        raise UserError(
+            f"--emulate serves role EPD only for now, not {role.value} (migrations between "
+            "emulated instances are not built yet)"
+        )
+    if args.router_url and not internal_token_set():
+        raise UserError(
+            "--router-url needs the deployment's secret in EPD_INTERNAL_TOKEN (the same as the "
+            "router's)"
+        )
     try:
         costs = EmulatedCosts.load(args.emulate)
     except (OSError, ValueError) as exc:
@@ -49,6 +52,9 @@ def emulated_settings(args: argparse.Namespace) -> EmulatedSettings:
         pool=args.pool,
         slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
         budgets=budgets,
+        router_url=",".join(args.router_url) if args.router_url else None,
+        advertise_url=args.advertise_url or f"http://{args.host}:{args.port}",
+        instance_id=args.instance_id or "",
     )
 
 

@@ -1,0 +1,158 @@
+"""An emulated instance behind the real router: registration and heartbeats through the
+engine's own ``RouterLink`` (its load read off the real scheduler), the router's submit and
+abort routes, and each request's events on the link's event stream in the engine's shape
+(``RouterLink.send``'s fields; the emulator has no detokenizer, so each event carries its
+token's text)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, Field
+
+from epd_engine.api.auth import require_token
+from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.config import Role, internal_token
+from epd_engine.contracts.errors import ClientError
+from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.router_directory import RouterDirectory, split_urls
+from epd_engine.disagg.router_link import RouterLink
+from epd_engine.emulate.engine import EmulatedEngine
+from epd_engine.emulate.loop import EmulatedLoop
+from epd_engine.emulate.prompts import chat_request
+from epd_engine.emulate.tokens import token_text
+from epd_engine.engine.health import EngineHealth
+from epd_engine.scheduler import RequestEvent
+from epd_engine.transfer.messages import Routing
+
+router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
+
+
+def host_id() -> str:
+    """As ``transfer.region_share.host_id`` (same kernel, same id), which imports torch."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+class LoadSource:
+    """What ``RouterLink.load`` reads off an engine: its scheduler and its health."""
+
+    def __init__(self, engine: EmulatedEngine) -> None:
+        self.scheduler = engine.scheduler
+        self.health = EngineHealth(None)  # no device to fail, no engine thread to stall
+
+
+def connect(
+    router_url: str, advertise_url: str, instance_id: str, role: Role, pool: str,
+    engine: EmulatedEngine, http: httpx.AsyncClient,
+) -> RouterLink:  # fmt: skip
+    identity = InstanceLoad(
+        instance_id=instance_id or advertise_url,
+        url=advertise_url,
+        role=role,
+        pool=pool,
+        node=host_id(),
+    )
+    directory = RouterDirectory(split_urls([router_url]))
+    link = RouterLink(directory, identity, http, internal_token(), token_text=token_text)
+    link.start(LoadSource(engine))  # type: ignore[arg-type]  # reads .scheduler and .health
+    return link
+
+
+class SubmitRequest(BaseModel):
+    """The router's submit (``server/internal_api.SubmitRequest``; chat bodies only here)."""
+
+    routing: Routing
+    body: ChatCompletionRequest
+    resume_output_token_ids: list[int] = Field(default_factory=list)
+    emitted_text: str = ""
+
+
+class AbortRequest(BaseModel):
+    attempt: int
+
+
+def _event(
+    link: RouterLink, routing: Routing, event: RequestEvent, num_prompt: int, num_output: int
+) -> dict[str, Any]:
+    token_ids = [event.new_token_id] if event.new_token_id is not None else []
+    return {
+        "router_request_id": routing.router_request_id,
+        "attempt": routing.attempt,
+        "instance_id": link.identity.instance_id,
+        "pool": link.identity.pool,
+        "token_ids": token_ids,
+        "text_delta": "".join(token_text(t) for t in token_ids),
+        "num_prompt_tokens": num_prompt,
+        "num_output_tokens": num_output,
+        "num_cached_tokens": 0,
+        "finish_reason": event.finish_reason,
+        "error": None,
+        "stage_timings": [],
+    }
+
+
+@router.post("/requests")
+async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
+    state = request.app.state.emulated
+    link: RouterLink | None = state.link
+    if link is None:
+        raise ClientError("this instance has no router link")
+    loop: EmulatedLoop = state.loop
+    routing = payload.routing
+    request_id = f"{routing.router_request_id}-{routing.attempt}"
+    capacity = loop.engine.capacity
+    engine_request = chat_request(
+        request_id, payload.body, capacity.tokens_per_image or capacity.image_block_tokens
+    )
+    events = loop.generate(engine_request)
+    try:
+        first = await anext(events)  # admission errors are the router's 400
+    except ValueError as exc:
+        raise ClientError(str(exc)) from exc
+
+    async def relay() -> None:
+        num_output = 0
+        event: RequestEvent | None = first
+        try:
+            while event is not None:
+                num_output += event.new_token_id is not None
+                link.send_raw(
+                    _event(link, routing, event, engine_request.num_prompt_tokens, num_output)
+                )
+                event = await anext(events, None)
+            metrics = state.metrics
+            metrics.requests.labels(**metrics.labels, outcome="success").inc()
+        finally:
+            await events.aclose()  # an abort (cancelled) frees the request's pages now
+
+    task = asyncio.create_task(relay())
+    state.relays[request_id] = task
+    task.add_done_callback(lambda _: state.relays.pop(request_id, None))
+    image_tokens = sum(i.num_tokens for i in engine_request.images)
+    return {
+        "request_id": request_id,
+        "prompt_tokens": engine_request.num_prompt_tokens - image_tokens,
+        "images": [
+            {"tokens": i.num_tokens, "hash": i.content_hash, "width": 0, "height": 0}
+            for i in engine_request.images
+        ],
+    }
+
+
+@router.post("/requests/{router_request_id}/abort")
+async def abort(router_request_id: str, body: AbortRequest, request: Request) -> dict[str, bool]:
+    task = request.app.state.emulated.relays.get(f"{router_request_id}-{body.attempt}")
+    if task is None:
+        return {"aborted": False}
+    task.cancel()  # its relay closes the request's events, which aborts it in the scheduler
+    metrics = request.app.state.emulated.metrics
+    metrics.requests.labels(**metrics.labels, outcome="aborted").inc()
+    return {"aborted": True}
