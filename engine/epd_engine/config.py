@@ -111,12 +111,18 @@ class EngineConfig:
     kv_block_size: int = 16  # tokens per KV page (HydraInfer)
     # keep written KV pages, keyed by their prefix, for later requests (cache/kv_cache.py)
     prefix_cache: bool = True
-    # KV pages; None: 512 on CPU, on CUDA what ``gpu_memory_fraction`` of the card leaves
-    # once the weights are loaded (kv_sizing.py)
+    # KV pages; None: 512 on CPU (more where a prompt of the largest image needs them), on
+    # CUDA what ``gpu_memory_fraction`` of the card leaves once the weights, the image cache
+    # and the largest step's activations are counted (worker/memory_plan.py)
     num_kv_blocks: int | None = None
     gpu_memory_fraction: float = 0.9  # this instance's share of its GPU (weights + caches)
     dual_stream: bool = True  # CUDA: encode on its own stream beside the LM (encode_stream.py)
-    num_image_blocks: int = 64  # pages of the image-embedding cache, one image per page
+    # pages of the image-embedding cache (LLaVA: one image a page; Qwen: 64 tokens a page); the
+    # engine raises it to hold the model's largest image (model/image_bounds.py)
+    num_image_blocks: int = 64
+    # images are resized to at most this many pixels (dynamic-resolution models: lowers the
+    # processor's max_pixels, as vLLM's mm_processor_kwargs); None: the checkpoint's
+    processor_max_pixels: int | None = None
     max_num_running: int = 256  # decode concurrency cap
     max_model_len: int | None = None  # defaults to the model's context window
     token_budget: int | None = None  # None: found at start-up by binary search against the SLO
@@ -170,7 +176,13 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
-        names = ("num_kv_blocks", "token_budget", "image_budget", "image_token_budget")
+        names = (
+            "num_kv_blocks",
+            "token_budget",
+            "image_budget",
+            "image_token_budget",
+            "processor_max_pixels",
+        )
         for name in (*names, "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

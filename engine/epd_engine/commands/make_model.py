@@ -12,6 +12,7 @@ PRESET_NAMES = (
     "tiny-llava",
     "llava-1.5-7b",
     "tiny-qwen2-vl",
+    "tiny-qwen2-vl-12mp",
     "qwen2-vl-7b",
     "tiny-qwen2.5-vl",
     "qwen2.5-vl-7b",

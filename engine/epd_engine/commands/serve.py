@@ -76,8 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--num-kv-blocks",
         type=int,
         default=None,
-        help="KV cache pages (default: 512 on CPU; on CUDA, what --gpu-memory-fraction of "
-        "the GPU leaves once the weights are loaded)",
+        help="KV cache pages (default: 512 on CPU, more for a prompt of the largest image; "
+        "on CUDA, what --gpu-memory-fraction of the GPU leaves once the weights, the image "
+        "cache and the largest step's activations are counted)",
     )
     p.add_argument(
         "--no-dual-stream",
@@ -99,7 +100,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="do not keep KV pages for later requests with the same prefix (on by default)",
     )
-    p.add_argument("--num-image-blocks", type=int, default=64)
+    p.add_argument(
+        "--num-image-blocks",
+        type=int,
+        default=64,
+        help="image-cache pages (raised to hold the model's largest image)",
+    )
+    p.add_argument(
+        "--processor-max-pixels",
+        type=int,
+        help="resize images to at most this many pixels (Qwen-VL: lowers the checkpoint "
+        "processor's max_pixels, as vLLM's mm_processor_kwargs; default: the checkpoint's)",
+    )
     p.add_argument(
         "--token-budget", type=int, help="tokens per iteration (default: searched against the SLO)"
     )
@@ -217,6 +229,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             gpu_memory_fraction=args.gpu_memory_fraction,
             dual_stream=args.dual_stream,
             num_image_blocks=args.num_image_blocks,
+            processor_max_pixels=args.processor_max_pixels,
             token_budget=args.token_budget,
             image_budget=args.image_budget,
             image_token_budget=args.image_token_budget,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from epd_engine.cache.image_cache import ImageCacheManager
-from epd_engine.cache.kv_cache import KVCacheManager
+from epd_engine.cache.kv_cache import KVCacheManager, blocks_needed
 from epd_engine.config import EngineConfig, Stage
 from epd_engine.engine import startup
 from epd_engine.engine.device_errors import sticky_device_error
@@ -25,6 +25,7 @@ from epd_engine.engine.prefix_salt import prefix_salt
 from epd_engine.engine.step_phases import LAUNCH, SCHEDULE, UPDATE, WAIT
 from epd_engine.inputs.processor import PreparedPrompt
 from epd_engine.model.attention_select import attention_backend_for
+from epd_engine.model.image_bounds import largest_image_tokens, with_max_pixels
 from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
@@ -43,12 +44,8 @@ from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
 from epd_engine.transfer.memory import CacheMemory, dtype_of
 from epd_engine.worker.fault_injection import FaultInjector, FaultSpec
-from epd_engine.worker.kv_sizing import (
-    CPU_KV_BLOCKS,
-    cuda_memory,
-    kv_block_bytes,
-    kv_blocks_for_memory,
-)
+from epd_engine.worker.kv_sizing import CPU_KV_BLOCKS, cuda_memory
+from epd_engine.worker.memory_plan import plan_gpu_memory
 from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
 log = logging.getLogger(__name__)
@@ -107,7 +104,11 @@ class LLMEngine:
         if config.device == "cpu":
             torch.set_num_threads(config.cpu_threads)
         family = family_of(config.model_dir)
-        self.model_config = family.load_config(config.model_dir)
+        self.model_config = with_max_pixels(  # the deployment's max_pixels rides on it
+            config.model_dir, family.load_config(config.model_dir), config.processor_max_pixels
+        )
+        # what one image may become in tokens: the caches must hold it (issue 31)
+        self.largest_image_tokens = largest_image_tokens(config.model_dir, self.model_config)
         # M-RoPE families: each request's positions, computed when it is added here.
         self._rope_rule: RopeRule | None = (
             family.rope(config.model_dir, self.model_config) if family.rope else None
@@ -125,10 +126,17 @@ class LLMEngine:
             language = load_language(config.model_dir, dtype, config.device, attention)
         startup.mark("model_loaded")
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
+        num_image_blocks = self._num_image_blocks()
+        # the token-budget search probes no longer prefill than the activation reserve covers
+        # (a GPU's memory plan sets it; elsewhere the context or the KV pages bound it)
+        self._max_probe_tokens: int | None = None
+        image_cache_tokens = num_image_blocks * self.model_config.image_page_tokens
         shape = CacheShape(
-            num_kv_blocks=self._num_kv_blocks(language, dtype),
+            num_kv_blocks=self._num_kv_blocks(
+                language, dtype, image_cache_tokens if with_images else 0
+            ),
             kv_block_size=config.kv_block_size,
-            num_image_blocks=config.num_image_blocks,
+            num_image_blocks=num_image_blocks,
             image_block_tokens=self.model_config.image_page_tokens,
             image_row_size=self.model_config.image_row_size,
         )
@@ -186,22 +194,58 @@ class LLMEngine:
             limits.image_token_budget,
         )
 
-    def _num_kv_blocks(self, language: Any, dtype: torch.dtype) -> int:
-        """The configured page count, else 512 on CPU or this instance's share of its GPU."""
+    def _num_kv_blocks(self, language: Any, dtype: torch.dtype, image_cache_tokens: int) -> int:
+        """The configured page count, else 512 on CPU or what this instance's share of its GPU
+        leaves after the weights, the image cache and its largest step (memory_plan.py)."""
         cfg = self.config
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         if language is None or torch.device(cfg.device).type != "cuda":
-            return CPU_KV_BLOCKS
-        mc = language.config
-        block_bytes = kv_block_bytes(
-            mc.num_layers, cfg.kv_block_size, mc.num_kv_heads, mc.head_dim, dtype
+            return self._cpu_kv_blocks()
+        plan = plan_gpu_memory(
+            self.model_config,
+            torch.empty((), dtype=dtype).element_size(),
+            cuda_memory(torch.device(cfg.device)),
+            cfg.gpu_memory_fraction,
+            cfg.kv_block_size,
+            image_cache_tokens,
+            self.max_model_len,
+            self.largest_image_tokens,
+            prefills=cfg.role.runs(Stage.PREFILL),
+            encodes=cfg.role.runs(Stage.ENCODE),
         )
-        blocks = kv_blocks_for_memory(
-            cuda_memory(torch.device(cfg.device)), block_bytes, cfg.gpu_memory_fraction
+        self._max_probe_tokens = plan.max_prefill_tokens or None
+        log.info(
+            "KV cache: %d pages of %d tokens from GPU memory (%.1f GiB kept for activations, "
+            "prefill probes up to %d tokens)",
+            plan.kv_blocks,
+            cfg.kv_block_size,
+            plan.reserve_bytes / (1 << 30),
+            plan.max_prefill_tokens,
         )
-        log.info("KV cache: %d pages of %d tokens from GPU memory", blocks, cfg.kv_block_size)
-        return blocks
+        return plan.kv_blocks
+
+    def _cpu_kv_blocks(self) -> int:
+        """512, or room for a prompt of the largest image and as much text again (within the
+        context window): a 12.8 MP image is 16,384 tokens, so 2,048 pages of 16."""
+        block_size = self.config.kv_block_size
+        largest_prompt = min(2 * self.largest_image_tokens, self.max_model_len)
+        return max(CPU_KV_BLOCKS, blocks_needed(largest_prompt, block_size))
+
+    def _num_image_blocks(self) -> int:
+        """The configured pages, raised to hold the model's largest image: fewer would refuse
+        every photo the processor makes that large (a 12.8 MP image is 16,384 tokens, 256
+        pages of 64). A request whose images need more pages is refused, naming them."""
+        configured = self.config.num_image_blocks
+        need = blocks_needed(self.largest_image_tokens, self.model_config.image_page_tokens)
+        if need > configured:
+            log.info(
+                "image cache: %d pages, not %d, to hold the largest image (%d tokens)",
+                need,
+                configured,
+                self.largest_image_tokens,
+            )
+        return max(configured, need)
 
     # ---- budgets ----------------------------------------------------------------------
     def _budgets(self) -> tuple[int, int]:
@@ -216,6 +260,8 @@ class LLMEngine:
                 max_tokens = max_prefill_tokens(
                     self.max_model_len, self.runner.shape.num_kv_blocks, cfg.kv_block_size
                 )
+                if self._max_probe_tokens is not None:
+                    max_tokens = min(max_tokens, self._max_probe_tokens)
                 limit_s = token_limit_s(role, cfg.slo, cfg.budget_alpha)
                 token_budget = search_budget(self._time_prefill, limit_s, max_tokens)
                 self.searched_budgets["token_budget"] = token_budget
@@ -229,7 +275,7 @@ class LLMEngine:
                 image_budget = page_tokens  # never used: this role encodes nothing
             else:
                 probe_tokens = vision.tokens_of(vision.probe_pixels())
-                cache_images = cfg.num_image_blocks * page_tokens // probe_tokens
+                cache_images = self.runner.shape.num_image_blocks * page_tokens // probe_tokens
                 max_images = max(1, min(cache_images, MAX_IMAGE_SEARCH))
                 image_budget = probe_tokens * search_budget(
                     self._time_encode, image_limit_s(cfg.slo, cfg.budget_alpha), max_images

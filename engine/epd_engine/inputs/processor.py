@@ -17,6 +17,7 @@ import torch
 
 from epd_engine.contracts.errors import ClientError
 from epd_engine.inputs.images import LoadedImage
+from epd_engine.model.image_bounds import lower_processor_max_pixels
 from epd_engine.model.registry import ModelConfig, family_of
 from epd_engine.request import ImageRef
 
@@ -35,6 +36,9 @@ class InputProcessor:
         family = family_of(Path(model_dir))
         self.model_config = model_config
         self.processor: Any = family.processor(Path(model_dir))
+        max_pixels = getattr(model_config, "processor_max_pixels", None)
+        if max_pixels is not None:  # the deployment's: resize further, as the token rule does
+            lower_processor_max_pixels(self.processor, max_pixels)
         self.tokenizer: Any = self.processor.tokenizer
         self.image_tokens = family.image_tokens(Path(model_dir), model_config)
         self._decode = _backend_decode(self.tokenizer) or partial(

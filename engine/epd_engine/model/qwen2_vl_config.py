@@ -116,6 +116,9 @@ class Qwen2VLModelConfig:
     tie_word_embeddings: bool
     vision: Qwen2VisionConfig
     torch_dtype: str | None
+    # a deployment's lower bound on resized images (``--processor-max-pixels``); None: the
+    # checkpoint's preprocessor_config.json (model/image_bounds.py)
+    processor_max_pixels: int | None = None
 
     @property
     def eos_token_ids(self) -> list[int]:

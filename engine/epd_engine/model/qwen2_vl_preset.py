@@ -184,6 +184,19 @@ TINY_QWEN2_VL = Qwen2VLPreset(
     default_dtype="float32",
 )
 
+# The released Qwen2-VL / Qwen2.5-VL processors' bounds (max_pixels 12,845,056 = 16,384 tokens)
+# on tiny shapes: a 4000x3000 photo is 15,301 image tokens. The vision tower is one block of
+# width 16, so encoding 61k patches (full attention) stays a few seconds on a CPU.
+TINY_QWEN2_VL_12MP = Qwen2VLPreset(
+    name="tiny-qwen2-vl-12mp",
+    text_config={**TINY_QWEN2_VL.text_config, "max_position_embeddings": 32768},
+    vision_config={**_VISION_COMMON, "depth": 1, "embed_dim": 16, "mlp_ratio": 2, "num_heads": 1},
+    base_vocab_size=1000,
+    min_pixels=56 * 56,
+    max_pixels=28 * 28 * 16384,
+    default_dtype="float32",
+)
+
 QWEN2_VL_7B = Qwen2VLPreset(
     name="qwen2-vl-7b",
     text_config={
@@ -260,5 +273,6 @@ QWEN2_5_VL_7B = Qwen2VLPreset(
 )
 
 QWEN2_VL_PRESETS: dict[str, Qwen2VLPreset] = {
-    p.name: p for p in (TINY_QWEN2_VL, QWEN2_VL_7B, TINY_QWEN2_5_VL, QWEN2_5_VL_7B)
+    p.name: p
+    for p in (TINY_QWEN2_VL, TINY_QWEN2_VL_12MP, QWEN2_VL_7B, TINY_QWEN2_5_VL, QWEN2_5_VL_7B)
 }

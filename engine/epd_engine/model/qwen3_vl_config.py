@@ -109,6 +109,9 @@ class Qwen3VLModelConfig:
     tie_word_embeddings: bool
     vision: Qwen3VisionConfig
     torch_dtype: str | None
+    # a deployment's lower bound on resized images (``--processor-max-pixels``); None: the
+    # checkpoint's preprocessor_config.json (model/image_bounds.py)
+    processor_max_pixels: int | None = None
 
     uses_mrope = True
     mrope_interleaved = True  # pair j reads stream (t, h, w)[j % 3] within the sections

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from epd_engine.contracts.image_grid import smart_resize
 from epd_engine.model.gemma3_config import Gemma3ModelConfig
+from epd_engine.model.image_bounds import pixel_bounds
 from epd_engine.model.model_config import LlavaModelConfig, ModelFormatError, read_json
 from epd_engine.model.qwen2_vl_config import Qwen2VLModelConfig
 from epd_engine.model.qwen3_vl_config import Qwen3VLModelConfig
@@ -165,17 +166,11 @@ def qwen2_vl_image_grid(
 ) -> Callable[[int, int], tuple[int, int, int]]:
     """``(t, h, w)`` patches of a ``width x height`` image under the checkpoint's image
     processor bounds (its ``image_grid_thw``)."""
-    path = Path(model_dir) / "preprocessor_config.json"
-    pre = read_json(path) if path.is_file() else {}
-    size = pre.get("size") or {}
-    min_pixels = int(pre.get("min_pixels") or size.get("shortest_edge") or 56 * 56)
-    max_pixels = int(pre.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)
-    patch = int(pre.get("patch_size") or config.vision.patch_size)
-    merge = int(pre.get("merge_size") or config.vision.spatial_merge_size)
+    bounds = pixel_bounds(model_dir, config)  # the deployment's max_pixels applied
 
     def grid(width: int, height: int) -> tuple[int, int, int]:
-        h, w = smart_resize(height, width, patch * merge, min_pixels, max_pixels)
-        return 1, h // patch, w // patch
+        h, w = smart_resize(height, width, bounds.factor, bounds.min_pixels, bounds.max_pixels)
+        return 1, h // bounds.patch, w // bounds.patch
 
     return grid
 
@@ -238,7 +233,7 @@ QWEN2_VL = ModelFamily(
     image_tokens=_qwen2_vl_image_tokens,
     processor=lambda model_dir: _qwen2_vl_processor(model_dir),
     rope=lambda model_dir, config: _qwen2_vl_rope(model_dir, config),
-    presets=("tiny-qwen2-vl", "qwen2-vl-7b"),
+    presets=("tiny-qwen2-vl", "tiny-qwen2-vl-12mp", "qwen2-vl-7b"),
 )
 
 # Qwen2.5-VL: the same modules (windowed ViT blocks, from its config), layout and rules.

@@ -16,7 +16,9 @@ import torch
 
 CPU_KV_BLOCKS = 512  # a CPU instance's default: the tiny model's pages are cheap
 DEFAULT_MEMORY_FRACTION = 0.9
-ACTIVATION_RESERVE_BYTES = 2 << 30  # transient tensors of a full prefill step (7B: < 1 GiB)
+# a caller's default where no model is at hand; the engine counts its own from the model's
+# shapes (activation_reserve.py, memory_plan.py)
+ACTIVATION_RESERVE_BYTES = 2 << 30
 FREE_MARGIN = 0.95  # never plan on the last 5% of what is free: allocator fragmentation
 MIN_KV_BLOCKS = 16
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +36,7 @@ def local_system(
     progress_timeout_s: float = 60.0,
     supervised: bool = False,
     device: str = "cpu",
+    base_args: Sequence[str] = ENGINE_ARGS,  # fewer: the engine's own sizing (large images)
 ) -> Iterator[LocalSystem]:
     spec = LaunchSpec(
         name="test",
@@ -44,7 +45,7 @@ def local_system(
         plan=plan,
         router_port=free_port(),
         run_dir=run_dir,
-        engine_args=[*ENGINE_ARGS, "--transfer-backend", transfer_backend, *engine_args],
+        engine_args=[*base_args, "--transfer-backend", transfer_backend, *engine_args],
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
         progress_timeout_s=progress_timeout_s,
