@@ -101,3 +101,24 @@ def test_a_local_replica_of_a_planned_run_gets_the_plan_budgets_not_a_search(
     d = pools.engine_args(PoolSpec("demo-d", Role.D, 1, 0), "demo-d-0", 9002)
     assert _contains_in_order(ep, plan_budget_flags(PLAN.budgets[Role.EP]))
     assert _flags(d)["--token-budget"] == "96" and "--image-budget" not in d
+
+
+def test_processor_max_pixels_reaches_every_engine_and_names_its_pools() -> None:
+    """engine.processorMaxPixels (issue 31): every instance gets --processor-max-pixels (an
+    image's token count must agree between its E and P instances, so it is part of the pool
+    name); a deployment without it keeps its flags and its pool names."""
+    plain = make_owner()
+    lowered = make_owner(engine={"processorMaxPixels": 1003520})
+    assert "--processor-max-pixels" not in engine_settings(plain.spec)
+    assert _contains_in_order(
+        engine_settings(lowered.spec), ["--processor-max-pixels", "1003520"]
+    )
+    for pool in r.pool_specs(lowered, PLAN):
+        pod_args = r.render_pool_deployment(lowered, pool, PLAN)["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+        assert _flags(pod_args)["--processor-max-pixels"] == "1003520"
+    assert _flags(list(engine_args(lowered.spec)))["--processor-max-pixels"] == "1003520"
+    plain_names = [p.name for p in r.pool_specs(plain, PLAN)]
+    assert plain_names == [p.name for p in r.pool_specs(make_owner(), PLAN)]
+    assert plain_names != [p.name for p in r.pool_specs(lowered, PLAN)]

@@ -98,8 +98,11 @@ def test_yaml_without_epddeployment(tmp_path: Path) -> None:
         ({"router": {"resources": {"requests": {"cpu": "lots"}}}},
          "spec.router.resources.requests.cpu", "should match pattern"),
         ({"engine": {"extraArgs": ["--x"] * 65}}, "spec.engine.extraArgs", "at most 64"),
+        ({"engine": {"processorMaxPixels": 0}}, "spec.engine.processorMaxPixels",
+         "greater than or equal to 1"),
     ],
-    ids=["gpus-per-instance", "router-replicas", "memory-quantity", "cpu-quantity", "extra-args"],
+    ids=["gpus-per-instance", "router-replicas", "memory-quantity", "cpu-quantity", "extra-args",
+         "processor-max-pixels"],
 )  # fmt: skip
 def test_spec_bounds_match_what_the_engine_and_operator_support(
     overrides: dict, field: str, words: str

@@ -402,14 +402,25 @@ class EngineSpec(PodSettings):
     num_kv_blocks: int | None = Field(
         default=None,
         ge=1,
-        description="KV cache pages per instance; unset: 512 on CPU, on a GPU what "
-        "gpuMemoryFraction of the card leaves once the weights are loaded.",
+        description="KV cache pages per instance; unset: 512 on CPU (more where a prompt of "
+        "the model's largest image needs them), on a GPU what gpuMemoryFraction of the card "
+        "leaves once the weights, the image cache and the largest step's activations are in.",
     )
     gpu_memory_fraction: float = Field(
         default=0.9, ge=0.01, le=1, description="Share of its GPU an instance may use."
     )
     num_image_blocks: int = Field(
-        default=64, ge=1, description="Pages of the image-embedding cache."
+        default=64,
+        ge=1,
+        description="Pages of the image-embedding cache; each engine raises it to hold the "
+        "model's largest image (Qwen-VL: its processor's max_pixels).",
+    )
+    processor_max_pixels: int | None = Field(
+        default=None,
+        ge=1,
+        description="Images are resized to at most this many pixels (Qwen2-VL, Qwen2.5-VL, "
+        "Qwen3-VL: lowers the checkpoint processor's max_pixels, as vLLM's "
+        "mm_processor_kwargs); the image cache and budgets follow. Unset: the checkpoint's.",
     )
     transfer_backend: TransferBackendName = Field(
         default="auto",
@@ -427,6 +438,12 @@ class EngineSpec(PodSettings):
         """``epdctl serve`` flags for the KV cache's size (unset: the engine sizes it)."""
         pages = [] if self.num_kv_blocks is None else ["--num-kv-blocks", str(self.num_kv_blocks)]
         return [*pages, "--gpu-memory-fraction", f"{self.gpu_memory_fraction:g}"]
+
+    def image_size_args(self) -> list[str]:
+        """``epdctl serve`` flags for how large an image may become (unset: the checkpoint's)."""
+        if self.processor_max_pixels is None:
+            return []
+        return ["--processor-max-pixels", str(self.processor_max_pixels)]
 
     def gpus_for(self, role: Role) -> int:
         """GPUs of each instance of ``role`` (its own setting, else gpusPerInstance)."""

@@ -78,10 +78,15 @@ def pool_identity(spec: EPDDeploymentSpec, role: Role) -> dict[str, Any]:
     """What a pool of ``role`` hashes into its name besides its replica count and budgets."""
     gpus = spec.engine.gpus_for(role)
     resource = spec.engine.role_pod(role, spec.gpu_resource_name).gpu_resource_name
+    engine = spec.engine.model_dump(mode="json", include=IDENTITY_ENGINE_FIELDS)
+    if spec.engine.processor_max_pixels is not None:
+        # an image's token count: its E and P instances must agree. Only when set, so that
+        # the pools of deployments without it keep their names.
+        engine["processor_max_pixels"] = spec.engine.processor_max_pixels
     return {
         "model": spec.model.model_dump(mode="json"),
         "slo": spec.slo.model_dump(mode="json"),
-        "engine": spec.engine.model_dump(mode="json", include=IDENTITY_ENGINE_FIELDS),
+        "engine": engine,
         "gpus_per_instance": gpus,
         "gpu_resource_name": resource if gpus > 0 else None,
     }

@@ -18,6 +18,7 @@ def cache_settings(spec: EPDDeploymentSpec) -> list[str]:
         "--kv-block-size", str(e.kv_block_size),
         *e.kv_cache_args(),
         "--num-image-blocks", str(e.num_image_blocks),
+        *e.image_size_args(),  # image token counts, and so cache pages, follow from it
         "--transfer-backend", e.transfer_backend,
     ]  # fmt: skip
 
