@@ -287,10 +287,15 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
     model = probe.model
     bytes_per = _BYTES[config.dtype]
     links = measure_links(model, config.dtype, config.kv_layers_per_group, config.show_progress)
+    layer_bytes = 2 * model.num_kv_heads * model.head_dim * bytes_per  # one layer's, per token
+    windows = getattr(model, "layer_windows", ())
+    num_sliding = sum(window is not None for window in windows)
     migration = MigrationCoeffs(
         image_bytes_per_token=model.image_row_size * bytes_per,
-        kv_bytes_per_token=2 * model.num_layers * model.num_kv_heads * model.head_dim * bytes_per,
+        kv_bytes_per_token=(model.num_layers - num_sliding) * layer_bytes,
         kv_transfers=-(-model.num_layers // config.kv_layers_per_group),
+        kv_windowed_bytes_per_token=num_sliding * layer_bytes,
+        kv_window_tokens=getattr(model, "sliding_window", None) or 0,
     )
     capacity = Capacity(
         num_kv_blocks=config.num_kv_blocks,

@@ -27,7 +27,8 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
         "--cost-model",
         default="reference",
         help="cost model JSON from `epdctl profile-costs`, or 'reference' (synthetic "
-        "LLaVA-1.5-7B on an H800-class GPU; default) or 'reference:qwen3-vl-8b'",
+        "LLaVA-1.5-7B on an H800-class GPU; default), 'reference:qwen3-vl-8b' or "
+        "'reference:gemma3-4b'",
     )
     parser.add_argument(
         "--transfer-backend",

@@ -29,8 +29,9 @@ class EmulatedCosts:
 
     def migration_bytes(self, kind: str, num_tokens: int) -> int:
         link = self.model.migration
-        per_token = link.image_bytes_per_token if kind == "image" else link.kv_bytes_per_token
-        return num_tokens * per_token
+        if kind == "image":
+            return num_tokens * link.image_bytes_per_token
+        return link.kv_bytes(num_tokens)
 
     def migration_s(self, kind: str, num_tokens: int) -> float:
         return self.model.migration.at(kind, num_tokens)

@@ -119,6 +119,11 @@ class MigrationCoeffs:
     image_bytes_per_token: int = 0  # image-cache row (hidden x (1 + DeepStack levels)) x dtype
     kv_bytes_per_token: int = 0  # 2 x layers x kv_heads x head_dim x dtype bytes
     kv_transfers: int = 1  # layer groups per KV migration (ceil(layers / layers per group))
+    # Sliding-window layers (Gemma 3): their bytes per token, moved for the last
+    # ``kv_window_tokens`` tokens only (a pull leaves the pages behind the window out);
+    # ``kv_bytes_per_token`` then counts the other (global) layers alone.
+    kv_windowed_bytes_per_token: int = 0
+    kv_window_tokens: int = 0
     # The engine's early hand-off: KV groups move while prefill runs, so only the last one is
     # left once it ends. (Assumes a group moves faster than the next group's layers compute;
     # a link slower than that would show more, which this model does not.)
@@ -128,11 +133,13 @@ class MigrationCoeffs:
         """The migration's time on the request's path, after its source stage ended."""
         if kind == "image":
             return self.latency_s + num_tokens * self.image_bytes_per_token / self.bytes_per_s
-        whole = (
-            self.kv_transfers * self.latency_s
-            + num_tokens * self.kv_bytes_per_token / self.bytes_per_s
-        )
+        whole = self.kv_transfers * self.latency_s + self.kv_bytes(num_tokens) / self.bytes_per_s
         return whole / self.kv_transfers if self.early_kv else whole
+
+    def kv_bytes(self, num_tokens: int) -> int:
+        """Bytes a KV migration of ``num_tokens`` cached tokens moves."""
+        windowed = min(num_tokens, self.kv_window_tokens) * self.kv_windowed_bytes_per_token
+        return num_tokens * self.kv_bytes_per_token + windowed
 
     def over(self, link: LinkCoeffs) -> MigrationCoeffs:
         """The same bytes over another link."""

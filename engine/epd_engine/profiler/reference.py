@@ -18,6 +18,13 @@ Qwen3-VL-8B is scaled from it by FLOPs and bytes (not anchored on a measurement)
 (27 x 1152, ~0.4 B) runs four 16-px patches per token, ~5x CLIP-L's work per token; its
 decoder is ~8 B with GQA (8 of 32 heads), so 144 KiB of KV per token; an image token moves
 its embedding and three DeepStack levels, 4 x 4096 x 2 B = 32 KiB (``image_row_size``).
+
+Gemma-3-4B is scaled the same way (not measured): its SigLIP ViT (27 x 1152) runs 16
+patches of an 896-px image per token (256 per image), ~4x Qwen3-VL's ViT work per token;
+its decoder is ~4 B. Of its 34 layers 29 slide over a 1,024-token window: a KV migration
+moves 5 x 4 KiB per token plus 29 x 4 KiB for the last 1,024 tokens only
+(``MigrationCoeffs.kv_windowed_bytes_per_token``), while decode (torch attention, which
+reads every page) is charged for all 34 layers' pages.
 """
 
 from __future__ import annotations
@@ -30,13 +37,15 @@ from epd_engine.profiler.cost_model import (
     MigrationCoeffs,
 )
 
-REFERENCE_MODELS = ("llava-1.5-7b", "qwen3-vl-8b")
+REFERENCE_MODELS = ("llava-1.5-7b", "qwen3-vl-8b", "gemma3-4b")
 
 
 def reference_cost_model(model: str = "llava-1.5-7b") -> FittedCostModel:
     """The synthetic reference of ``model`` (one of ``REFERENCE_MODELS``)."""
     if model == "qwen3-vl-8b":
         return _qwen3_vl_8b()
+    if model == "gemma3-4b":
+        return _gemma3_4b()
     if model != "llava-1.5-7b":
         raise ValueError(
             f"no reference cost model for {model!r}; known: {', '.join(REFERENCE_MODELS)}"
@@ -111,6 +120,50 @@ def _qwen3_vl_8b() -> FittedCostModel:
         meta={
             "source": "synthetic reference (epd_engine.profiler.reference), not measured",
             "model": {"name": "qwen3-vl-8b", "dtype": "bfloat16"},
+            "hardware": {"device": "H800-class GPU (assumed)"},
+        },
+    )
+
+
+# Gemma-3-4B's shapes (``gemma3_preset.GEMMA3_4B``; a test keeps them equal).
+GEMMA3_4B_LAYERS, GEMMA3_4B_SLIDING, GEMMA3_4B_WINDOW = 34, 29, 1024
+GEMMA3_4B_KV_HEADS, GEMMA3_4B_HEAD_DIM, GEMMA3_4B_HIDDEN = 4, 256, 2560
+
+
+def _gemma3_4b() -> FittedCostModel:
+    layer_bytes = 2 * GEMMA3_4B_KV_HEADS * GEMMA3_4B_HEAD_DIM * 2  # per token, bf16
+    all_layers = GEMMA3_4B_LAYERS * layer_bytes
+    return FittedCostModel(
+        encode=EncodeCoeffs(fixed_s=0.006, per_token_s=64e-6, knee_tokens=4 * 256),
+        language=LanguageCoeffs(
+            fixed_s=0.007,
+            per_token_s=55e-6,
+            knee_tokens=64,
+            per_kpair_s=1.5e-6,
+            per_kcontext_s=1.7e-4 * all_layers / (512 * 1024),
+            per_sample_s=5e-6,
+        ),
+        overlap=0.5,
+        migration=MigrationCoeffs(
+            latency_s=0.001,
+            bytes_per_s=50e9,
+            image_bytes_per_token=GEMMA3_4B_HIDDEN * 2,
+            kv_bytes_per_token=(GEMMA3_4B_LAYERS - GEMMA3_4B_SLIDING) * layer_bytes,
+            kv_windowed_bytes_per_token=GEMMA3_4B_SLIDING * layer_bytes,
+            kv_window_tokens=GEMMA3_4B_WINDOW,
+        ),
+        capacity=Capacity(
+            num_kv_blocks=28000,  # ~0.9 x (80 GB - 8.6 GB weights) / 136 KiB per token / 16
+            kv_block_size=16,
+            num_image_blocks=256,
+            image_block_tokens=256,
+            max_num_running=512,
+            max_model_len=32768,
+            tokens_per_image=256,  # every image, whatever its size
+        ),
+        meta={
+            "source": "synthetic reference (epd_engine.profiler.reference), not measured",
+            "model": {"name": "gemma3-4b", "dtype": "bfloat16"},
             "hardware": {"device": "H800-class GPU (assumed)"},
         },
     )
