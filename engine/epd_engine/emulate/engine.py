@@ -69,6 +69,11 @@ class EmulatedEngine:
         )
         self.scheduler = Scheduler(role, limits, kv, images)
 
+    @property
+    def tokens_per_image(self) -> int:
+        """Tokens each image takes (the cost model's fixed resolution, else one cache page)."""
+        return self.capacity.tokens_per_image or self.capacity.image_block_tokens
+
     def add(self, request: Request) -> None:
         self.scheduler.add(request)  # raises ValueError when it can never fit
 

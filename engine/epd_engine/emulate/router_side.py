@@ -108,10 +108,7 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     loop: EmulatedLoop = state.loop
     routing = payload.routing
     request_id = f"{routing.router_request_id}-{routing.attempt}"
-    capacity = loop.engine.capacity
-    engine_request = chat_request(
-        request_id, payload.body, capacity.tokens_per_image or capacity.image_block_tokens
-    )
+    engine_request = chat_request(request_id, payload.body, loop.engine.tokens_per_image)
     events = loop.generate(engine_request)
     try:
         first = await anext(events)  # admission errors are the router's 400

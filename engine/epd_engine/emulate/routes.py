@@ -82,10 +82,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         raise ClientError("server is starting", code="not_ready")
     check_chat_request(body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    tokens_per_image = state.loop.engine.capacity.tokens_per_image or (
-        state.loop.engine.capacity.image_block_tokens
-    )
-    engine_request = chat_request(request_id, body, tokens_per_image)
+    engine_request = chat_request(request_id, body, state.loop.engine.tokens_per_image)
     events = state.loop.generate(engine_request)
     timer = _Timer(state)
     try:
