@@ -110,9 +110,7 @@ def test_processor_max_pixels_reaches_every_engine_and_names_its_pools() -> None
     plain = make_owner()
     lowered = make_owner(engine={"processorMaxPixels": 1003520})
     assert "--processor-max-pixels" not in engine_settings(plain.spec)
-    assert _contains_in_order(
-        engine_settings(lowered.spec), ["--processor-max-pixels", "1003520"]
-    )
+    assert _contains_in_order(engine_settings(lowered.spec), ["--processor-max-pixels", "1003520"])
     for pool in r.pool_specs(lowered, PLAN):
         pod_args = r.render_pool_deployment(lowered, pool, PLAN)["spec"]["template"]["spec"][
             "containers"
