@@ -219,7 +219,7 @@ QWEN2_VL_7B = Qwen2VLPreset(
     },
     base_vocab_size=151643,
     min_pixels=56 * 56,
-    max_pixels=28 * 28 * 1280,
+    max_pixels=28 * 28 * 16384,  # the release's preprocessor_config.json: 12.8 MP
     default_dtype="bfloat16",
 )
 
@@ -267,7 +267,7 @@ QWEN2_5_VL_7B = Qwen2VLPreset(
     },
     base_vocab_size=151643,
     min_pixels=56 * 56,
-    max_pixels=28 * 28 * 1280,
+    max_pixels=28 * 28 * 16384,  # the release's preprocessor_config.json: 12.8 MP
     default_dtype="bfloat16",
     model_type="qwen2_5_vl",
 )
