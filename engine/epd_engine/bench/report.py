@@ -26,6 +26,7 @@ from typing import Any
 
 from epd_engine.bench.results_file import RAW_MISSING_KEY, read_results, write_results
 from epd_engine.config import SLO
+from epd_engine.emulate import EMULATED_NOTE, EMULATED_SUFFIX
 from epd_engine.slo.goodput import GoodputResult, RatePoint
 from epd_engine.slo.outcomes import BenchSummary, RequestResult
 
@@ -73,8 +74,17 @@ def build_report(
         "lowest_failing_rps": search.lowest_failing_rps if search else None,
         "summary": summary.to_dict() if summary else None,
         "requests": [r.to_dict() for r in results],
+        **emulated_marks(model),
         **(extra or {}),
     }
+
+
+def emulated_marks(model: str) -> dict[str, Any]:
+    """A report on an emulated deployment says so in its summary: its figures are the cost
+    model's (an emulated instance answers only to a name ending in ``-emulated``)."""
+    if not model.endswith(EMULATED_SUFFIX):
+        return {}
+    return {"emulated": True, "emulated_note": EMULATED_NOTE}
 
 
 def split_report(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

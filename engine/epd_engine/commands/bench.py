@@ -283,6 +283,8 @@ def _bench(args: argparse.Namespace) -> int:
         results=results, search=search, mode=mode, endpoint=args.endpoint, model=model,
         extra=extra,
     )  # fmt: skip
+    if report.get("emulated"):
+        print(f"NOTE: {report['emulated_note']}")
     if args.out:
         print(f"results: {write_report(report, args.out)}")
     if args.export_requests:
