@@ -11,6 +11,11 @@ different positions do not meet). The rest of a prompt is its own. Hits then dep
 instance's KV pages, its traffic and the routing -- a smaller pool holds fewer prefixes --
 instead of being replayed from ``TraceRecord.cached_tokens``.
 
+A prompt is laid out as ``epdctl bench`` sends a record: its images first, then its text
+(the blocks, then its own tokens). So a request whose first image is its own shares no text
+with others, as on the engine when bench replays it; a trace whose shared system prompt came
+before a fresh image in the original traffic is undercounted.
+
 Not modelled: a finished turn's answer is cached under the simulator's token ids (0), not
 the text the next turn resends, so a conversation's answer pages never hit (the engine's
 do); a partial block is a miss.
