@@ -47,7 +47,7 @@ warm_pid=$!
 
 PYTEST=($PY -m pytest -q -o addopts= -p no:cacheprovider -m gpu -rs --timeout 200)
 TAIL=20 step tests 200 "${PYTEST[@]}" -k "not nixl" tests/engine/model/test_gpu_parity.py \
-  tests/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py \
+  tests/engine/engine/test_engine_cuda.py tests/engine/transfer/test_gpu_backends.py \
   tests/engine/server/test_device_metrics.py
 # Every method through the router with the GPU transfer backends, against one EPD instance.
 TAIL=20 step tests-methods 240 "${PYTEST[@]}" -k "not nixl" tests/engine/disagg/test_methods_gpu.py

@@ -4,7 +4,7 @@ scheduled and launched gives exactly the synchronous engine's tokens and finishe
 On a CPU the runner executes a launch at once, so these tests check the bookkeeping --
 placeholders, provisional updates, pending tokens read from the previous draws, EOS found
 one step late, aborts and stop strings meanwhile, preemption, length limits -- not the
-overlap itself (that needs a GPU: ``tests/engine/test_engine_cuda.py``, ``docs/gpu.md``).
+overlap itself (that needs a GPU: ``tests/engine/engine/test_engine_cuda.py``, ``docs/gpu.md``).
 """
 
 from __future__ import annotations
