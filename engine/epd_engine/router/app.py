@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from epd_engine.api.errors import install_error_handlers
 from epd_engine.api.limits import BodySizeLimit
 from epd_engine.config import internal_token
+from epd_engine.contracts.routing_policy import entry_candidates
 from epd_engine.engine.gc_heap import freeze_startup_heap
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
@@ -70,11 +71,17 @@ def create_app(settings: RouterSettings, freeze_heap: bool = False) -> FastAPI:
 
     @app.get("/health/ready")
     async def ready(request: Request, response: Response) -> dict[str, object]:
-        """Ready when some instance can take text and, if any pool encodes, images too."""
+        """Ready when some registered instance can start a text request (every plan has
+        one): a replica that knows only a later stage's instances (the first heartbeat to
+        reach it after a restart was a decode instance's) would answer 503 "no ready
+        instance can run prefill" to the clients a Service sent it."""
         instances = request.app.state.dispatcher.registry.active()
         if not instances:
             response.status_code = 503
             return {"status": "no instances registered"}
+        if not entry_candidates(instances, has_images=False):
+            response.status_code = 503
+            return {"status": "no registered instance runs prefill", "instances": len(instances)}
         return {"status": "ready", "instances": len(instances)}
 
     @app.get("/metrics")
