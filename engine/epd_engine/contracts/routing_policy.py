@@ -32,7 +32,7 @@ class InstanceLoad:
     # shutting down (a pod being replaced): takes no new request or migration, finishes
     # what it holds (server/drain.py)
     draining: bool = False
-    # the machine it runs on (its kernel's boot id, transfer/region_share.host_id): peers on
+    # the machine it runs on (its kernel's boot id, contracts/host.py): peers on
     # one node exchange caches through shared memory (contracts/node_locality.py). "": unknown
     node: str = ""
 

@@ -7,7 +7,6 @@ token's text)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ from epd_engine.api.auth import require_token
 from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.config import Role, internal_token
 from epd_engine.contracts.errors import ClientError
+from epd_engine.contracts.host import host_id
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_directory import RouterDirectory, split_urls
 from epd_engine.disagg.router_link import RouterLink
@@ -30,15 +30,6 @@ from epd_engine.scheduler import RequestEvent
 from epd_engine.transfer.messages import Routing
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
-
-
-def host_id() -> str:
-    """As ``transfer.region_share.host_id`` (same kernel, same id), which imports torch."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 class LoadSource:

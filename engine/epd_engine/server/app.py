@@ -17,6 +17,7 @@ from epd_engine.api.errors import install_error_handlers
 from epd_engine.api.limits import BodySizeLimit
 from epd_engine.api.logprobs import token_text_of
 from epd_engine.config import EngineConfig, internal_token
+from epd_engine.contracts.host import host_id
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import AsyncEngineHooks
 from epd_engine.disagg.migration import Migration
@@ -36,7 +37,6 @@ from epd_engine.server.state import InstanceState
 from epd_engine.transfer.backend import Exports
 from epd_engine.transfer.factory import TransferSettings, cache_memory, make_backend
 from epd_engine.transfer.memory import CacheMemory
-from epd_engine.transfer.region_share import host_id
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from epd_engine.contracts.host import host_id
 from epd_engine.transfer.backend import CacheRegions, PageTransfer, Peer, TransferError
 from epd_engine.transfer.copy_plan import CopyPlan, apply_plan, plan_copy
 from epd_engine.transfer.cuda_handles import export_tensor, open_tensor
@@ -29,7 +30,6 @@ from epd_engine.transfer.region_share import (
     PeerRegions,
     RegionServer,
     fetch_regions,
-    host_id,
     region_header,
 )
 

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from epd_engine.contracts.host import host_id
 from epd_engine.request import CacheKind
 from epd_engine.transfer.backend import CacheRegions, PageTransfer, Peer, TransferError
 from epd_engine.transfer.cuda_ipc import named_regions
 from epd_engine.transfer.nixl_agent import Agent, nixl_api
 from epd_engine.transfer.pages import page_nbytes, paired_runs
-from epd_engine.transfer.region_share import host_id
 
 
 @dataclass(frozen=True)

@@ -41,15 +41,6 @@ MAX_REGIONS = 1024
 Offer = Callable[[], tuple[dict[str, Any], list[int]]]
 
 
-def host_id() -> str:
-    """Same kernel, same id: shared memory is possible only between such processes."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
-
-
 def region_header(name: str, tensor: torch.Tensor, **extra: Any) -> dict[str, Any]:
     """One region's entry in the header (plain JSON)."""
     return {"name": name, "shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), **extra}

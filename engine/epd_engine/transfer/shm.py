@@ -17,6 +17,7 @@ import os
 import threading
 from typing import Any
 
+from epd_engine.contracts.host import host_id
 from epd_engine.transfer.backend import CacheRegions, PageTransfer, Peer, TransferError
 from epd_engine.transfer.memory import SharedMemory, map_region
 from epd_engine.transfer.pages import copy_pages, page_nbytes
@@ -24,7 +25,6 @@ from epd_engine.transfer.region_share import (
     PeerRegions,
     RegionServer,
     fetch_regions,
-    host_id,
 )
 
 # A copy this small takes less time (tens of microseconds) than the hop to a worker thread
