@@ -9,12 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from epd_engine.config import EngineConfig, Role
 from epd_engine.engine.llm_engine import LLMEngine
-from epd_engine.inputs.processor import InputProcessor, PreparedPrompt
 from epd_engine.model.qwen3_vl_processor import load_qwen3_vl_processor
-from epd_engine.sampling import SamplingParams
-from tests.engine.test_qwen2_vl_engine import loaded, messages
+from tests.engine.model.engine_parity import engine_greedy, transformers_greedy
 
 MAX_TOKENS = 12
 # (text, image sizes): 6, 4 + 6 and 108 image tokens (two 64-token pages)
@@ -34,51 +31,19 @@ def expected(tiny_qwen3_vl_dir: Path) -> dict[str, list[int]]:
     model = Qwen3VLForConditionalGeneration.from_pretrained(
         tiny_qwen3_vl_dir, dtype=torch.float32
     ).eval()
-    processor = load_qwen3_vl_processor(tiny_qwen3_vl_dir)
-    out = {}
-    for name, (text, sizes) in CASES.items():
-        prompt = processor.apply_chat_template(
-            messages(text, len(sizes)), add_generation_prompt=True
-        )
-        images = [i.image for i in loaded(sizes)] or None
-        inputs = processor(text=prompt, images=images, return_tensors="pt")
-        with torch.inference_mode():
-            generated = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
-        out[name] = generated[0, inputs["input_ids"].shape[1] :].tolist()
-    return out
+    return transformers_greedy(model, load_qwen3_vl_processor(tiny_qwen3_vl_dir), CASES, MAX_TOKENS)
 
 
-def run_engine(model_dir: Path, token_budget: int) -> tuple[dict[str, list[int]], dict]:
-    engine = LLMEngine(
-        EngineConfig(
-            model_dir=model_dir,
-            role=Role.EPD,
-            token_budget=token_budget,
-            image_budget=2,
-            num_kv_blocks=64,
-            num_image_blocks=16,
-        )
-    )
+def _deepstack_rows(engine: LLMEngine) -> None:
     assert engine.runner.image_cache is not None
     assert engine.runner.image_cache.shape[-1] == 4 * 64  # embedding + 3 DeepStack levels
-    processor = InputProcessor(model_dir, engine.model_config)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    prompts: dict[str, PreparedPrompt] = {}
-    for name, (text, sizes) in CASES.items():
-        prompts[name] = processor.prepare(messages(text, len(sizes)), loaded(sizes))
-        engine.add_request(name, prompts[name], params, processor.eos_token_ids)
-    tokens: dict[str, list[int]] = {name: [] for name in CASES}
-    while engine.has_work():
-        events, _ = engine.step()
-        for event in events:
-            if event.new_token_id is not None:
-                tokens[event.request_id].append(event.new_token_id)
-    return tokens, prompts
 
 
 @pytest.mark.parametrize("token_budget", [512, 24])  # one prefill each; chunks cut images
 def test_engine_tokens_match_transformers(tiny_qwen3_vl_dir, expected, token_budget):
-    tokens, prompts = run_engine(tiny_qwen3_vl_dir, token_budget)
+    tokens, prompts = engine_greedy(
+        tiny_qwen3_vl_dir, CASES, MAX_TOKENS, token_budget, check=_deepstack_rows
+    )
     assert [len(p.images) for p in prompts.values()] == [0, 1, 2, 1]
     assert [i.num_tokens for i in prompts["two-sizes"].images] == [4, 6]
     assert prompts["large"].images[0].num_tokens == 108
