@@ -147,6 +147,11 @@ bench-prefix: venv model ## Prefix cache on vs off, multi-turn sessions, EPD and
 
 .PHONY: bench-prefix
 
+bench-emulate-start: venv ## An emulated instance's start (exec -> ready, CPU and wall s) and RSS, beside a bare interpreter (JSON)
+	$(PY) -m benchmarks.bench_emulate_start --runs 5 --out benchmarks/results/emulate-start-cpu.json
+
+.PHONY: bench-emulate-start
+
 bench-switch: venv model ## Switch under load through every method + a ratio: failures, TTFT around switches, decision->serving (JSON)
 	$(PY) -m benchmarks.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
 
