@@ -4,9 +4,9 @@ The released Qwen2-VL / Qwen2.5-VL processors resize to at most 12,845,056 pixel
 image tokens), so a 4000x3000 phone photo is 15,301 image tokens. Every instance held 64
 image-cache pages of 64 tokens (4,096) and, on a CPU, 512 KV pages of 16 (8,192 tokens):
 the photo got a 400 (seen on the code before: "prompt needs 960 KV pages; this instance has
-512"; past that, 240 image-cache pages against 64). Now each engine sizes its image cache (and a CPU instance its KV pages) from the
-checkpoint's largest image, so every method answers it, token for token as one EPD
-instance does. A deployment's ``--processor-max-pixels`` resizes it further instead, and a
+512"; past that, 240 image-cache pages against 64). Now each engine sizes its image cache
+(and a CPU instance its KV pages) from the checkpoint's largest image, so every method
+answers it, token for token as one EPD instance does. A deployment's ``--processor-max-pixels`` resizes it further instead, and a
 request beyond what fits still gets a 400 naming the limit.
 
 ``tiny-qwen2-vl-12mp``: tiny shapes with the released processor bounds (random weights).
