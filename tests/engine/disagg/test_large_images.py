@@ -6,8 +6,9 @@ image-cache pages of 64 tokens (4,096) and, on a CPU, 512 KV pages of 16 (8,192 
 the photo got a 400 (seen on the code before: "prompt needs 960 KV pages; this instance has
 512"; past that, 240 image-cache pages against 64). Now each engine sizes its image cache
 (and a CPU instance its KV pages) from the checkpoint's largest image, so every method
-answers it, token for token as one EPD instance does. A deployment's ``--processor-max-pixels`` resizes it further instead, and a
-request beyond what fits still gets a 400 naming the limit.
+answers it, token for token as one EPD instance does. A deployment's
+``--processor-max-pixels`` resizes it further instead, and a request beyond what fits
+still gets a 400 naming the limit.
 
 ``tiny-qwen2-vl-12mp``: tiny shapes with the released processor bounds (random weights).
 The caches are left to the engine (no ``--num-kv-blocks`` / ``--num-image-blocks``).
