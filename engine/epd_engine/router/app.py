@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,13 +13,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from epd_engine.api.errors import install_error_handlers
 from epd_engine.api.limits import BodySizeLimit
 from epd_engine.config import internal_token
-from epd_engine.contracts.routing_policy import entry_candidates
 from epd_engine.engine.gc_heap import freeze_startup_heap
 from epd_engine.metrics import Metrics
 from epd_engine.router import client_api, internal_api
 from epd_engine.router.dispatch import Dispatcher
 from epd_engine.router.keepalive_client import KeepAliveClient
 from epd_engine.router.plan_info import plan_labels, publish_plan
+from epd_engine.router.readiness import readiness
 from epd_engine.router.registry import Registry
 from epd_engine.router.settings import RouterSettings
 from epd_engine.router.trace_recorder import TraceRecorder
@@ -69,20 +70,21 @@ def create_app(settings: RouterSettings, freeze_heap: bool = False) -> FastAPI:
     async def live() -> dict[str, str]:
         return {"status": "alive"}
 
+    started_s = time.monotonic()
+    was_ready = False
+
     @app.get("/health/ready")
     async def ready(request: Request, response: Response) -> dict[str, object]:
-        """Ready when some registered instance can start a text request (every plan has
-        one): a replica that knows only a later stage's instances (the first heartbeat to
-        reach it after a restart was a decode instance's) would answer 503 "no ready
-        instance can run prefill" to the clients a Service sent it."""
-        instances = request.app.state.dispatcher.registry.active()
-        if not instances:
+        """``router/readiness.py``: an instance that prefills, and at start every pool of
+        the routing it started with (until the grace ends or it is Ready once)."""
+        nonlocal was_ready
+        registry = request.app.state.dispatcher.registry
+        waiting = not was_ready and time.monotonic() - started_s < settings.startup_pool_grace_s
+        ok, body = readiness(registry.active(), registry.active_pools, waiting)
+        was_ready = was_ready or ok
+        if not ok:
             response.status_code = 503
-            return {"status": "no instances registered"}
-        if not entry_candidates(instances, has_images=False):
-            response.status_code = 503
-            return {"status": "no registered instance runs prefill", "instances": len(instances)}
-        return {"status": "ready", "instances": len(instances)}
+        return body
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

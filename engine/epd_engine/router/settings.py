@@ -29,6 +29,9 @@ class RouterSettings(BaseModel):
     trace_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     trace_max_files: int = Field(default=4, ge=1)
     active_pools: list[str] | None = None
+    # at start, Ready waits this long at most for every pool of active_pools (readiness.py):
+    # instances heartbeat every 0.5 s and find a new router address within 2 s
+    startup_pool_grace_s: float = Field(default=5.0, ge=0)
     # route by cache affinity (contracts/affinity.py): a conversation's turns to the instance
     # holding its prefix, unless that one holds more than this many requests beyond the least
     # loaded (or this share of the least loaded's, whichever is more)
