@@ -133,13 +133,8 @@ class LlavaModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> LlavaModelConfig:
-        config_path = Path(model_dir) / "config.json"
-        if not config_path.is_file():
-            raise ModelFormatError(f"{config_path} not found: not a Hugging Face model directory")
-        raw = read_json(config_path)
-        generation_path = Path(model_dir) / "generation_config.json"
-        generation = read_json(generation_path) if generation_path.is_file() else None
-        return cls.from_dict(raw, generation=generation, source=str(config_path))
+        raw, generation, source = read_hf_config(model_dir)
+        return cls.from_dict(raw, generation=generation, source=source)
 
     @classmethod
     def from_dict(
@@ -218,6 +213,17 @@ def _parse_vision(raw: dict[str, Any], source: str) -> VisionConfig:
         feature_layer=feature_layer,
         keep_cls=strategy == "full",
     )
+
+
+def read_hf_config(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    """A checkpoint's ``config.json``, its ``generation_config.json`` (None when absent) and
+    the config's path, for error messages: what every family's ``from_dir`` reads."""
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        raise ModelFormatError(f"{config_path} not found: not a Hugging Face model directory")
+    generation_path = Path(model_dir) / "generation_config.json"
+    generation = read_json(generation_path) if generation_path.is_file() else None
+    return read_json(config_path), generation, str(config_path)
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from epd_engine.model.model_config import ModelFormatError, read_json
+from epd_engine.model.model_config import ModelFormatError, read_hf_config
 
 IMAGE_PAGE_TOKENS = 64  # as Qwen2-VL: a 512x512 image (256 tokens) takes 4 pages
 _TEXT_DEFAULTS: dict[str, Any] = {
@@ -143,12 +143,7 @@ class Qwen3VLModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> Qwen3VLModelConfig:
-        config_path = Path(model_dir) / "config.json"
-        if not config_path.is_file():
-            raise ModelFormatError(f"{config_path} not found: not a Hugging Face model directory")
-        generation_path = Path(model_dir) / "generation_config.json"
-        generation = read_json(generation_path) if generation_path.is_file() else None
-        return cls.from_dict(read_json(config_path), generation, str(config_path))
+        return cls.from_dict(*read_hf_config(model_dir))
 
     @classmethod
     def from_dict(
