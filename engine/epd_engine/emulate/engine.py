@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epd_engine.cache.image_cache import ImageCacheManager
-from epd_engine.cache.kv_cache import KVCacheManager
-from epd_engine.config import SLO, Role, Stage
+from epd_engine.config import SLO, Role
 from epd_engine.contracts.plan import Budgets
 from epd_engine.emulate.costs import EmulatedCosts
 from epd_engine.emulate.tokens import output_token_id
 from epd_engine.profiler.budgets import derive_budgets
+from epd_engine.profiler.scheduler_parts import scheduler_parts
 from epd_engine.request import Request
-from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
+from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerOutput
 
 
 class EmulationError(ValueError):
@@ -50,24 +49,7 @@ class EmulatedEngine:
                 f"role {role.value} under this cost model: a real instance would not start"
             )
         self.budgets = derived
-        kv = (
-            KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size, "emulated")
-            if role.needs_language
-            else None
-        )
-        with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
-        images = (
-            ImageCacheManager(capacity.num_image_blocks, capacity.image_block_tokens)
-            if with_images
-            else None
-        )
-        limits = SchedulerLimits(
-            token_budget=derived.token_budget,
-            image_token_budget=derived.image_budget * capacity.image_block_tokens,
-            max_num_running=capacity.max_num_running,
-            max_model_len=capacity.max_model_len,
-        )
-        self.scheduler = Scheduler(role, limits, kv, images)
+        self.scheduler = Scheduler(role, *scheduler_parts(role, derived, capacity, "emulated"))
 
     @property
     def tokens_per_image(self) -> int:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from epd_engine.cache.image_cache import ImageCacheManager
-from epd_engine.cache.kv_cache import KVCacheManager
-from epd_engine.config import Role, Stage
+from epd_engine.config import Role
 from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import Capacity, FittedCostModel
+from epd_engine.profiler.scheduler_parts import scheduler_parts
 from epd_engine.profiler.sim_prefix import HASH_BLOCK_TOKENS, SIM_PREFIX_SALT, prompt_token_ids
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
-from epd_engine.scheduler import SchedulerLimits
 
 
 def build_scheduler(
@@ -29,27 +27,10 @@ def build_scheduler(
     kind: type[SimScheduler] = SimScheduler,
     prefix_cache: bool = False,
 ) -> SimScheduler:
-    """A scheduler set up the way ``LLMEngine`` sets up its own (``kind``: ``EngineScheduler``
-    for the reference path; ``prefix_cache``: its KV pages cached by key, ``sim_prefix.py``)."""
+    """A simulated instance's scheduler (``kind``: ``EngineScheduler`` for the reference
+    path; ``prefix_cache``: its KV pages cached by key, ``sim_prefix.py``)."""
     salt = SIM_PREFIX_SALT if prefix_cache else None
-    kv = (
-        KVCacheManager(capacity.num_kv_blocks, capacity.kv_block_size, salt)
-        if role.needs_language
-        else None
-    )
-    with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
-    images = (
-        ImageCacheManager(capacity.num_image_blocks, capacity.image_block_tokens)
-        if with_images
-        else None
-    )
-    limits = SchedulerLimits(
-        token_budget=budgets.token_budget,
-        image_token_budget=budgets.image_budget * capacity.image_block_tokens,  # as the engine
-        max_num_running=capacity.max_num_running,
-        max_model_len=capacity.max_model_len,
-    )
-    return kind(role, limits, kv, images)
+    return kind(role, *scheduler_parts(role, budgets, capacity, salt))
 
 
 @dataclass
