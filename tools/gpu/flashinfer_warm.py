@@ -24,7 +24,7 @@ def main() -> int:
     indptr = torch.tensor([0, pages], dtype=torch.int32, device="cuda")
     indices = torch.arange(pages, dtype=torch.int32, device="cuda")
     last = torch.tensor([page], dtype=torch.int32, device="cuda")
-    for dtype in (torch.float16,):  # what the tests and bench-gpu run
+    for dtype in (torch.float16, torch.bfloat16):  # the tests and bench-gpu; bf16 models
         cache = cache.to(dtype)
         start = time.perf_counter()
         decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")

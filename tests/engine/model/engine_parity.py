@@ -55,6 +55,8 @@ def engine_greedy(
     max_tokens: int,
     token_budget: int,
     check: Callable[[LLMEngine], None] = lambda engine: None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> tuple[dict[str, list[int]], dict[str, PreparedPrompt]]:
     """One EPD engine's greedy tokens for every case, all requests batched together;
     ``check`` sees the engine once it is built."""
@@ -66,6 +68,8 @@ def engine_greedy(
             image_budget=2,
             num_kv_blocks=64,
             num_image_blocks=16,
+            device=device,
+            dtype=dtype,
         )
     )
     check(engine)

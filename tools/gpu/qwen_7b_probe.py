@@ -1,0 +1,178 @@
+"""Issue 31's GPU questions on one instance of a released Qwen-VL shape (random weights):
+does bf16 run with the family's head grouping (Qwen2-VL-7B: 28 query / 4 KV heads) on the
+attention backend ``auto`` picks, is a 12.8 MP photo served (16,384 image tokens), how long
+does the instance take to start, how does the measured activation peak compare with the
+memory plan's reserve, and how far is decode from the HBM floor at batch 1 and 32.
+
+    python tools/gpu/qwen_7b_probe.py --model /tmp/qwen2-vl-7b --out probe.json
+
+Prints one JSON object (and writes it to ``--out``). Runs on CPU too with a tiny checkpoint
+(``--device cpu --dtype float32 --image-side 448``), which is how it is checked here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from epd_engine.config import EngineConfig, Role
+from epd_engine.engine.llm_engine import LLMEngine
+from epd_engine.inputs.images import LoadedImage
+from epd_engine.inputs.processor import InputProcessor
+from epd_engine.sampling import SamplingParams
+
+HBM_BYTES_PER_S = 4.8e12  # H200 datasheet; the report gives the floor it assumed
+
+
+class Lines(logging.Handler):
+    """The engine's start-up log lines (memory plan, attention backend), kept for the report."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_requests(engine: LLMEngine, prompts: dict[str, Any], params: SamplingParams,
+                 device: str) -> dict[str, Any]:  # fmt: skip
+    """Runs ``prompts`` to the end; the time to the first token of each and the decode
+    steps' times (steps that only decode, after every prompt is in)."""
+    start = time.perf_counter()
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, params, frozenset())
+    first: dict[str, float] = {}
+    tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
+    decode_steps: list[float] = []
+    while engine.has_work():
+        step_start = time.perf_counter()
+        events, _ = engine.step()
+        sync(device)
+        now = time.perf_counter()
+        new = [e for e in events if e.new_token_id is not None]
+        if len(first) == len(prompts) and len(new) == len(prompts):
+            decode_steps.append(now - step_start)
+        for event in new:
+            first.setdefault(event.request_id, now - start)
+            tokens[event.request_id].append(event.new_token_id)
+    return {
+        "ttft_s": sorted(first.values()),
+        "decode_step_ms_median": 1e3 * float(np.median(decode_steps)) if decode_steps else None,
+        "decode_steps": len(decode_steps),
+        "tokens": {rid: t[:8] for rid, t in list(tokens.items())[:2]},
+        "all_finished": all(len(t) == params.max_tokens for t in tokens.values()),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def peak_above(device: str, baseline: int) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.max_memory_allocated() - baseline
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--image-side", type=int, default=3584, help="3584^2 = 12.8 MP")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=600)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--token-budget", type=int, default=8192)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    lines = Lines()
+    logging.getLogger().addHandler(lines)
+    logging.getLogger().setLevel(logging.INFO)
+    report: dict[str, Any] = {"model": str(args.model), "device": args.device,
+                              "dtype": args.dtype}  # fmt: skip
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name()
+    start = time.perf_counter()
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=args.model, role=Role.EPD, device=args.device, dtype=args.dtype,
+            token_budget=args.token_budget, image_budget=1,
+        )
+    )  # fmt: skip
+    sync(args.device)
+    report["start_s"] = round(time.perf_counter() - start, 2)
+    report["start_log"] = [
+        line for line in lines.lines
+        if any(k in line for k in ("attention", "KV cache", "image cache", "graph", "engine ready"))
+    ]  # fmt: skip
+    processor = InputProcessor(args.model, engine.model_config)
+    weights = sum(p.numel() * p.element_size() for p in engine.runner.language.parameters())
+    embed = engine.runner.language.embed_tokens.weight
+    report["language_weight_gb"] = round(weights / 1e9, 2)
+    floor_bytes = weights - embed.numel() * embed.element_size()
+    floor_ms = 1e3 * floor_bytes / HBM_BYTES_PER_S
+    report["decode_floor_ms_weights_only"] = round(floor_ms, 4)
+    baseline = torch.cuda.memory_allocated() if args.device.startswith("cuda") else 0
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+    rng = np.random.default_rng(0)
+    side = args.image_side
+    photo = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
+    image = LoadedImage(photo, "probe-photo", side, side)
+    content = [{"type": "image"}, {"type": "text", "text": "Describe the photo."}]
+    try:
+        prompt = processor.prepare([{"role": "user", "content": content}], [image])
+        report["photo_prompt_tokens"] = len(prompt.token_ids)
+        greedy8 = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        report["photo"] = run_requests(engine, {"photo": prompt}, greedy8, args.device)
+        report["photo"]["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
+    except Exception as exc:  # the report says what failed; the other parts still run
+        report["photo"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    words = " ".join(f"w{i % 97}" for i in range(args.prompt_words))
+    for batch in (1, args.batch):
+        prompts = {
+            f"b{batch}-{i}": processor.prepare(
+                [{"role": "user", "content": [{"type": "text", "text": f"{i} {words}"}]}], []
+            )
+            for i in range(batch)
+        }
+        params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        result = run_requests(engine, prompts, params, args.device)
+        result["prompt_tokens"] = len(next(iter(prompts.values())).token_ids)
+        result["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
+        step = result["decode_step_ms_median"]
+        if step:
+            result["decode_tokens_per_s"] = round(1e3 * batch / step, 1)
+            result["step_over_weights_floor"] = round(step / floor_ms, 2)
+        report[f"batch_{batch}"] = result
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+def _gb(value: int | None) -> float | None:
+    return None if value is None else round(value / 1e9, 3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
