@@ -74,10 +74,61 @@ def run_requests(engine: LLMEngine, prompts: dict[str, Any], params: SamplingPar
         "ttft_s": sorted(first.values()),
         "decode_step_ms_median": 1e3 * float(np.median(decode_steps)) if decode_steps else None,
         "decode_steps": len(decode_steps),
-        "tokens": {rid: t[:8] for rid, t in list(tokens.items())[:2]},
+        "tokens": tokens,
         "all_finished": all(len(t) == params.max_tokens for t in tokens.values()),
         "wall_s": time.perf_counter() - start,
     }
+
+
+def build_engine(args: argparse.Namespace, mrope_graphs: bool) -> LLMEngine:
+    """One EPD instance; ``mrope_graphs`` lifts the engine's gate that keeps an M-RoPE model's
+    decode eager until a GPU run checks its graphs (what this probe does)."""
+    from epd_engine.model import graph_buckets
+    from epd_engine.worker import model_runner
+
+    def gate(*given: Any) -> str | None:
+        return graph_buckets.graphs_off_reason(*given[:4], False)
+
+    model_runner.graphs_off_reason = gate if mrope_graphs else graph_buckets.graphs_off_reason
+    return LLMEngine(
+        EngineConfig(
+            model_dir=args.model, role=Role.EPD, device=args.device, dtype=args.dtype,
+            token_budget=args.token_budget, image_budget=1,
+        )
+    )  # fmt: skip
+
+
+def text_batches(engine: LLMEngine, processor: InputProcessor, args: argparse.Namespace,
+                 floor_ms: float) -> dict[str, Any]:  # fmt: skip
+    """Batch 1 and ``--batch`` text requests of ``--prompt-words`` words, greedy."""
+    words = " ".join(f"w{i % 97}" for i in range(args.prompt_words))
+    out = {}
+    for batch in (1, args.batch):
+        prompts = {
+            f"b{batch}-{i}": processor.prepare(
+                [{"role": "user", "content": [{"type": "text", "text": f"{i} {words}"}]}], []
+            )
+            for i in range(batch)
+        }
+        params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+        result = run_requests(engine, prompts, params, args.device)
+        result["prompt_tokens"] = len(next(iter(prompts.values())).token_ids)
+        step = result["decode_step_ms_median"]
+        if step:
+            result["decode_tokens_per_s"] = round(1e3 * batch / step, 1)
+            result["step_over_weights_floor"] = round(step / floor_ms, 2)
+        out[f"batch_{batch}"] = result
+    return out
+
+
+def profile_top(run: Any, rows: int = 15) -> list[str]:
+    """The ops that took the most device time while ``run()`` ran (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
+    return table.splitlines()
 
 
 def peak_above(device: str, baseline: int) -> int | None:
@@ -96,6 +147,8 @@ def main() -> int:
     parser.add_argument("--prompt-words", type=int, default=600)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--token-budget", type=int, default=8192)
+    parser.add_argument("--profile-photo", action="store_true")
+    parser.add_argument("--compare-mrope-graphs", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -107,12 +160,7 @@ def main() -> int:
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name()
     start = time.perf_counter()
-    engine = LLMEngine(
-        EngineConfig(
-            model_dir=args.model, role=Role.EPD, device=args.device, dtype=args.dtype,
-            token_budget=args.token_budget, image_budget=1,
-        )
-    )  # fmt: skip
+    engine = build_engine(args, mrope_graphs=False)
     sync(args.device)
     report["start_s"] = round(time.perf_counter() - start, 2)
     report["start_log"] = [
@@ -120,49 +168,63 @@ def main() -> int:
         if any(k in line for k in ("attention", "KV cache", "image cache", "graph", "engine ready"))
     ]  # fmt: skip
     processor = InputProcessor(args.model, engine.model_config)
+    assert engine.runner.language is not None
     weights = sum(p.numel() * p.element_size() for p in engine.runner.language.parameters())
     embed = engine.runner.language.embed_tokens.weight
     report["language_weight_gb"] = round(weights / 1e9, 2)
-    floor_bytes = weights - embed.numel() * embed.element_size()
-    floor_ms = 1e3 * floor_bytes / HBM_BYTES_PER_S
+    floor_ms = 1e3 * (weights - embed.numel() * embed.element_size()) / HBM_BYTES_PER_S
     report["decode_floor_ms_weights_only"] = round(floor_ms, 4)
-    baseline = torch.cuda.memory_allocated() if args.device.startswith("cuda") else 0
-    if args.device.startswith("cuda"):
+    cuda = args.device.startswith("cuda")
+    baseline = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
 
     rng = np.random.default_rng(0)
     side = args.image_side
     photo = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
-    image = LoadedImage(photo, "probe-photo", side, side)
     content = [{"type": "image"}, {"type": "text", "text": "Describe the photo."}]
+    greedy8 = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     try:
-        prompt = processor.prepare([{"role": "user", "content": content}], [image])
+        prepare_start = time.perf_counter()
+        prompt = processor.prepare(
+            [{"role": "user", "content": content}], [LoadedImage(photo, "photo", side, side)]
+        )
+        report["photo_prepare_s"] = round(time.perf_counter() - prepare_start, 2)
         report["photo_prompt_tokens"] = len(prompt.token_ids)
-        greedy8 = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
         report["photo"] = run_requests(engine, {"photo": prompt}, greedy8, args.device)
         report["photo"]["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
+        if cuda and args.profile_photo:  # the same photo again, new hash: encoded again
+            again = processor.prepare(
+                [{"role": "user", "content": content}], [LoadedImage(photo, "again", side, side)]
+            )
+            report["photo_profile"] = profile_top(
+                lambda: run_requests(engine, {"again": again}, greedy8, args.device)
+            )
     except Exception as exc:  # the report says what failed; the other parts still run
         report["photo"] = {"error": f"{type(exc).__name__}: {exc}"}
 
-    words = " ".join(f"w{i % 97}" for i in range(args.prompt_words))
-    for batch in (1, args.batch):
-        prompts = {
-            f"b{batch}-{i}": processor.prepare(
-                [{"role": "user", "content": [{"type": "text", "text": f"{i} {words}"}]}], []
-            )
-            for i in range(batch)
-        }
-        params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
-        if args.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        result = run_requests(engine, prompts, params, args.device)
-        result["prompt_tokens"] = len(next(iter(prompts.values())).token_ids)
-        result["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
-        step = result["decode_step_ms_median"]
-        if step:
-            result["decode_tokens_per_s"] = round(1e3 * batch / step, 1)
-            result["step_over_weights_floor"] = round(step / floor_ms, 2)
-        report[f"batch_{batch}"] = result
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    report["eager"] = text_batches(engine, processor, args, floor_ms)
+    report["eager"]["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
+    if args.compare_mrope_graphs:
+        del engine
+        if cuda:
+            torch.cuda.empty_cache()
+        try:
+            engine = build_engine(args, mrope_graphs=True)
+            report["graphs_captured"] = engine.runner.graphs is not None
+            report["graphs"] = text_batches(engine, processor, args, floor_ms)
+            report["graphs_tokens_equal_eager"] = {
+                key: report["graphs"][key]["tokens"] == report["eager"][key]["tokens"]
+                for key in report["eager"] if key.startswith("batch_")
+            }  # fmt: skip
+        except Exception as exc:
+            report["graphs"] = {"error": f"{type(exc).__name__}: {exc}"}
+    for part in ("eager", "graphs"):  # the first two requests' first tokens are enough here
+        for result in report.get(part, {}).values():
+            if isinstance(result, dict) and "tokens" in result:
+                result["tokens"] = {k: v[:6] for k, v in list(result["tokens"].items())[:2]}
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

@@ -9,6 +9,7 @@ ordering across streams is wrong on CUDA.
 from __future__ import annotations
 
 import hashlib
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -122,15 +123,21 @@ def assert_decode_launches_only_queue(model_dir: Path, with_images: bool) -> Non
 
     def watched(out: Any, *args: Any, **kwargs: Any) -> Any:
         decode_only = not out.prefills and not out.encodes
+        caught: list[str] = []
+
+        def keep(message: Any, *_: Any, **__: Any) -> None:  # with where it was called from
+            caught.append(f"{message}\n" + "".join(traceback.format_stack(limit=14)[:-1]))
+
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings():
                 warnings.simplefilter("always")
+                warnings.showwarning = keep
                 result = launch(out, *args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         if decode_only:
-            synced.extend(str(w.message) for w in caught)
+            synced.extend(caught)
         return result
 
     engine.runner.launch = watched  # type: ignore[method-assign]
@@ -160,4 +167,4 @@ def assert_decode_launches_only_queue(model_dir: Path, with_images: bool) -> Non
         engine.step()
         steps += 1
     assert steps > 12
-    assert not synced, synced[:3]
+    assert not synced, "\n".join(synced[:2])
