@@ -80,20 +80,11 @@ def run_requests(engine: LLMEngine, prompts: dict[str, Any], params: SamplingPar
     }
 
 
-def build_engine(args: argparse.Namespace, mrope_graphs: bool) -> LLMEngine:
-    """One EPD instance; ``mrope_graphs`` lifts the engine's gate that keeps an M-RoPE model's
-    decode eager until a GPU run checks its graphs (what this probe does)."""
-    from epd_engine.model import graph_buckets
-    from epd_engine.worker import model_runner
-
-    def gate(*given: Any) -> str | None:
-        return graph_buckets.graphs_off_reason(*given[:4], False)
-
-    model_runner.graphs_off_reason = gate if mrope_graphs else graph_buckets.graphs_off_reason
+def build_engine(args: argparse.Namespace, cuda_graphs: bool = True) -> LLMEngine:
     return LLMEngine(
         EngineConfig(
             model_dir=args.model, role=Role.EPD, device=args.device, dtype=args.dtype,
-            token_budget=args.token_budget, image_budget=1,
+            token_budget=args.token_budget, image_budget=1, cuda_graphs=cuda_graphs,
         )
     )  # fmt: skip
 
@@ -148,7 +139,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--token-budget", type=int, default=8192)
     parser.add_argument("--profile-photo", action="store_true")
-    parser.add_argument("--compare-mrope-graphs", action="store_true")
+    parser.add_argument("--compare-eager", action="store_true", help="again without graphs")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -160,7 +151,7 @@ def main() -> int:
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name()
     start = time.perf_counter()
-    engine = build_engine(args, mrope_graphs=False)
+    engine = build_engine(args)
     sync(args.device)
     report["start_s"] = round(time.perf_counter() - start, 2)
     report["start_log"] = [
@@ -205,22 +196,22 @@ def main() -> int:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    report["eager"] = text_batches(engine, processor, args, floor_ms)
-    report["eager"]["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
-    if args.compare_mrope_graphs:
+    report["graphs_captured"] = engine.runner.graphs is not None
+    report["graphs"] = text_batches(engine, processor, args, floor_ms)
+    report["graphs"]["peak_above_start_gb"] = _gb(peak_above(args.device, baseline))
+    if args.compare_eager:
         del engine
         if cuda:
             torch.cuda.empty_cache()
         try:
-            engine = build_engine(args, mrope_graphs=True)
-            report["graphs_captured"] = engine.runner.graphs is not None
-            report["graphs"] = text_batches(engine, processor, args, floor_ms)
+            engine = build_engine(args, cuda_graphs=False)
+            report["eager"] = text_batches(engine, processor, args, floor_ms)
             report["graphs_tokens_equal_eager"] = {
                 key: report["graphs"][key]["tokens"] == report["eager"][key]["tokens"]
                 for key in report["eager"] if key.startswith("batch_")
             }  # fmt: skip
         except Exception as exc:
-            report["graphs"] = {"error": f"{type(exc).__name__}: {exc}"}
+            report["eager"] = {"error": f"{type(exc).__name__}: {exc}"}
     for part in ("eager", "graphs"):  # the first two requests' first tokens are enough here
         for result in report.get(part, {}).values():
             if isinstance(result, dict) and "tokens" in result:

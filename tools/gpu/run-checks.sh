@@ -71,7 +71,7 @@ TAIL=20 step families 200 "${PYTEST[@]}" -s tests/engine/engine/test_engine_cuda
 # batch 1 and 32 against the weights' HBM floor ($OUT/qwen-7b-probe.json).
 TAIL=60 step qwen-7b 300 bash -c "while [ ! -f /tmp/qwen-made ]; do sleep 2; done; \
   cat /tmp/make-qwen.log | tail -3; $PY tools/gpu/qwen_7b_probe.py --model /tmp/qwen2-vl-7b \
-  --profile-photo --compare-mrope-graphs --out $OUT/qwen-7b-probe.json"
+  --profile-photo --compare-eager --out $OUT/qwen-7b-probe.json"
 # Every method through the router with the GPU transfer backends, against one EPD instance.
 TAIL=20 step tests-methods 240 "${PYTEST[@]}" -k "not nixl" tests/engine/disagg/test_methods_gpu.py
 # NIXL on GPU caches (issue 30; nixl-cu13 from .whl/cp311/ where the machine lacks it): pulls

@@ -112,7 +112,6 @@ class ModelRunner:
                 self.device.type,
                 getattr(language.attention, "graph_safe", False),
                 self.decode_buffers is not None,
-                language.config.uses_mrope,
             )
             if reason is not None:  # news on a GPU; the normal case on a CPU
                 level = logging.INFO if self.device.type == "cuda" else logging.DEBUG

@@ -52,7 +52,6 @@ def test_graph_or_eager():
         ((True, "cpu", True, True), "not CUDA"),
         ((True, "cuda", True, False), "no persistent decode buffers"),
         ((True, "cuda", False, True), "not graph-safe"),
-        ((True, "cuda", True, True, True), "M-RoPE model"),
         ((True, "cuda", True, True), None),
     ],
 )
