@@ -29,6 +29,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cost model JSON (from `epdctl profile-costs`) the reconcile loop plans with; "
         "default: the built-in reference (LLaVA-1.5-7B on an H800-class GPU)",
     )
+    up.add_argument(
+        "--emulate",
+        metavar="COST_MODEL",
+        type=Path,
+        help="run every instance emulated (`epdctl serve --emulate`): times from this cost "
+        "model, no torch, no weights, no checkpoint made; the model is served as NAME-emulated "
+        "and the loop plans with this cost model unless --cost-model is given",
+    )
     up.add_argument("--port", type=int, default=8080, help="router port on 127.0.0.1")
     up.add_argument("--model-dir", type=Path, help="checkpoint directory (overrides the source)")
     up.add_argument("--models-dir", type=Path, default=Path("models"), help="where presets go")
@@ -129,28 +137,46 @@ def run_up(args: argparse.Namespace) -> int:
             cost_source(args.cost_model)
         except ValueError as exc:
             raise UserError(f"--cost-model: {exc}") from exc
+    if args.emulate is not None:
+        _check_emulated_costs(args.emulate)
     if args.detach:
         return _detach(args, run_dir)
     _refuse_or_clear_old_run(run_dir)
     spec = deployment.spec
+    emulate = args.emulate
+    device = "cpu" if emulate is not None else args.device  # emulated: no GPU to place on
     opts = Options(
         name=deployment.name,
         model_name=spec.model.name,
-        model_dir=_model_dir(args, deployment),
+        # emulated instances load nothing: no checkpoint is made or read
+        model_dir=Path(spec.model.name) if emulate is not None else _model_dir(args, deployment),
         run_dir=run_dir,
         port=args.port,
-        device=args.device,
-        dtype="float32" if args.device == "cpu" else spec.model.dtype,
+        device=device,
+        dtype="float32" if device == "cpu" else spec.model.dtype,
         timeout_s=args.timeout,
-        cost_model=args.cost_model,
+        cost_model=args.cost_model or emulate,
         plan_budgets=dict(plan.budgets) if plan is not None else {},
+        emulate=emulate,
     )
     mode = "Fixed" if plan is not None else spec.disaggregation.mode
-    print(f"starting {deployment.name} ({mode}) for {spec.model.name} (logs in {run_dir / 'logs'})")
+    name = opts.served_model_name
+    print(f"starting {deployment.name} ({mode}) for {name} (logs in {run_dir / 'logs'})")
     try:
         return LocalRun(opts, manifest_text).run()
     except (RuntimeError, TimeoutError, ValueError, OSError) as exc:
         raise UserError(str(exc)) from exc
+
+
+def _check_emulated_costs(path: Path) -> None:
+    """``--emulate``: a cost model every emulated instance can run on, or a ``UserError``
+    naming the flag and the file (before anything starts)."""
+    from epd_engine.emulate.costs import EmulatedCosts
+
+    try:
+        EmulatedCosts.load(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--emulate {path}: {exc}") from exc
 
 
 def _detach(args: argparse.Namespace, run_dir: Path) -> int:

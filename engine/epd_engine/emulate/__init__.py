@@ -8,3 +8,9 @@ model's, and every name it answers with says so (``EMULATED_SUFFIX``).
 
 EMULATED_SUFFIX = "-emulated"
 EMULATED_NOTE = "emulated instance: times come from a cost model, not evidence of engine speed"
+
+
+def emulated_name(name: str) -> str:
+    """The name an emulated instance (and a router in front of only such) answers to: never
+    a real model's."""
+    return name if name.endswith(EMULATED_SUFFIX) else name + EMULATED_SUFFIX

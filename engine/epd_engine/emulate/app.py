@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from epd_engine.api.errors import install_error_handlers
 from epd_engine.config import SLO, Role
 from epd_engine.contracts.plan import Budgets
-from epd_engine.emulate import EMULATED_NOTE, EMULATED_SUFFIX, router_side
+from epd_engine.emulate import EMULATED_NOTE, emulated_name, router_side
 from epd_engine.emulate.costs import EmulatedCosts
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.instance_metrics import InstanceMetrics
@@ -22,11 +22,6 @@ from epd_engine.emulate.routes import EmulatedState
 from epd_engine.emulate.routes import router as openai_router
 from epd_engine.engine import startup
 from epd_engine.metrics import Metrics
-
-
-def emulated_name(name: str) -> str:
-    """The name an emulated instance answers to: never a real model's."""
-    return name if name.endswith(EMULATED_SUFFIX) else name + EMULATED_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ def emulated_settings(args: argparse.Namespace) -> EmulatedSettings:
         costs = EmulatedCosts.load(args.emulate)
     except (OSError, ValueError) as exc:
         raise UserError(f"--emulate {args.emulate}: {exc}") from exc
-    name = str(model) if model is not None else costs.model.meta.get("model", {}).get("name")
+    # --served-model-name as for a real instance (what `epdctl up` passes), else --model
+    name = args.served_model_name or (str(model) if model is not None else None)
+    name = name or costs.model.meta.get("model", {}).get("name")
     budgets = None
     if args.token_budget is not None or args.image_budget is not None:
         if args.token_budget is None or args.image_budget is None:

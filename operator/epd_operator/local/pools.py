@@ -55,6 +55,8 @@ class LocalEngines:
     deployment_id: str = ""
     # a plan's budgets per role (`epdctl up --plan`), given instead of a search
     plan_budgets: Mapping[Role, Budgets] = field(default_factory=dict)
+    # `epdctl up --emulate COST_MODEL`: every instance is `serve --emulate` (no checkpoint)
+    emulate: Path | None = None
 
     @property
     def replica_urls(self) -> tuple[str, ...]:
@@ -207,8 +209,10 @@ class LocalPools:
         """``epdctl serve`` arguments of one replica; budgets another instance of this role
         searched with the same settings are passed instead of searching again."""
         e = self.engines
+        emulate = ("--emulate", str(e.emulate)) if e.emulate is not None else ()
         return ServeCommand(
-            model=str(e.model_dir),
+            # an emulated instance takes --model as a name only (a checkpoint is refused)
+            model=e.model_name if e.emulate is not None else str(e.model_dir),
             served_model_name=e.model_name,
             role=pool.role,
             pool=pool.name,
@@ -218,7 +222,7 @@ class LocalPools:
             router=("--router-url", ",".join(e.replica_urls)),
             dtype=e.dtype,
             device=e.device,
-            settings=("--log-level", "warning", *e.engine_args),
+            settings=(*emulate, "--log-level", "warning", *e.engine_args),
             budgets=self._budget_flags(pool.role),
         ).argv()
 

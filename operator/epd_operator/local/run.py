@@ -22,6 +22,7 @@ from pathlib import Path
 from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots, local_gpu_slots
 from epd_engine.contracts.plan import Budgets
+from epd_engine.emulate import emulated_name
 from epd_engine.local.state_file import remove_state, write_private, write_state
 from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
 from epd_operator.local.pools import LocalEngines
@@ -61,6 +62,12 @@ class Options:
     timeout_s: float = 300.0  # the first rollout must complete within this
     cost_model: Path | None = None  # --cost-model: what the profiler plans with (else reference)
     plan_budgets: dict[Role, Budgets] = field(default_factory=dict)  # `up --plan`: no search
+    emulate: Path | None = None  # `up --emulate COST_MODEL`: every instance an emulated one
+
+    @property
+    def served_model_name(self) -> str:
+        """What clients ask the router for: an emulated run's name says so."""
+        return emulated_name(self.model_name) if self.emulate else self.model_name
 
 
 def _log(kind: str, reason: str, message: str) -> None:
@@ -83,7 +90,7 @@ class LocalRun:
         self.mtime = self.manifest.stat().st_mtime_ns
         # router.replicas is read here, once: a balancer in front when there are several
         self.routers = LocalRouters(
-            opts.port, self.spec.router.replicas, opts.run_dir, opts.model_name,
+            opts.port, self.spec.router.replicas, opts.run_dir, opts.served_model_name,
             self.deployment_id,
         )  # fmt: skip
         self.router_url = self.routers.url
@@ -94,6 +101,7 @@ class LocalRun:
             router_urls=tuple(self.routers.urls),
             deployment_id=self.deployment_id,
             plan_budgets=opts.plan_budgets,
+            emulate=opts.emulate,
         )  # fmt: skip
         costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
         self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
@@ -115,6 +123,8 @@ class LocalRun:
     def _announce_cost_model(self) -> None:
         _log("Normal", "CostModel", f"the profiler plans with {self.reconciler.cost_label}")
         model, _ = self.reconciler.cost_source()
+        if self.opts.emulate is not None:
+            _log("Normal", "Emulated", f"every instance is emulated, timed by {self.opts.emulate}")
         if self.opts.cost_model is not None:
             why = checkpoint_mismatch(model, self.opts.model_dir)
             if why:
@@ -223,7 +233,8 @@ class LocalRun:
 
     def _announce_ready(self, status: LocalStatus) -> None:
         url, run_dir = self.router_url, self.opts.run_dir
-        print(f"ready: {status.plan}; OpenAI endpoint {url}/v1 (model {self.opts.model_name!r})")
+        name = self.opts.served_model_name
+        print(f"ready: {status.plan}; OpenAI endpoint {url}/v1 (model {name!r})")
         print(f"       metrics {url}/metrics, trace {url}/v1/trace")
         print(f"       internal token in {run_dir / 'state.json'} (header X-EPD-Token)")
         print(f"       change it: epdctl apply -f MANIFEST (logs in {run_dir / 'logs'})")
