@@ -1,7 +1,7 @@
 """Tokenizer, chat template and processor files of a made-up Gemma 3 checkpoint.
 
-The byte-level BPE is Qwen2-VL's (``qwen2_vl_files.build_tokenizer``) with Gemma's special
-tokens and a ``<bos>`` prepended on encode, as Gemma's tokenizer does; the side files are
+The tokenizer is Gemma's kind (``gemma3_tokenizer``: "▁" for spaces, byte fallback, a
+``<bos>`` prepended on encode); the side files are
 the ones ``google/gemma-3-4b-it`` ships: its chat template, a ``Gemma3ImageProcessor``
 config (one square ``image_size``, mean and std 0.5, no pan-and-scan) and the processor's
 ``image_seq_length``.
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import processors
-
 from epd_engine.model.gemma3_preset import IMAGE_MEAN, IMAGE_STD, SPECIAL_TOKENS, Gemma3Preset
-from epd_engine.model.qwen2_vl_files import build_tokenizer, write_json
+from epd_engine.model.gemma3_tokenizer import build_gemma3_tokenizer
+from epd_engine.model.qwen2_vl_files import write_json
 
 # gemma-3-4b-it's chat template: a system message becomes the first user turn's prefix,
 # the assistant is "model", each image is one <start_of_image> (the processor expands it).
@@ -48,11 +47,8 @@ CHAT_TEMPLATE = (
 
 def write_gemma3_files(preset: Gemma3Preset, out_dir: Path) -> None:
     """tokenizer.json and the side files AutoTokenizer and our processor read."""
-    tokenizer = build_tokenizer(preset, SPECIAL_TOKENS)
+    tokenizer = build_gemma3_tokenizer(preset)
     bos = preset.token_id("<bos>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)]
-    )
     tokenizer.save(str(out_dir / "tokenizer.json"))
     added = {
         str(preset.token_id(token)): {
