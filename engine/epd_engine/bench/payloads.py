@@ -98,9 +98,9 @@ def chat_payload(
     if prompts is None:
         text = prompt_text(record.prompt_tokens, seed)
     else:
-        text = prompts.text(
-            record.prompt_tokens, seed, record.num_images, record.hash_ids or (), block_tokens
-        )
+        blocks = record.hash_ids or ()
+        block = record.hash_block_tokens or block_tokens  # a live trace says its own
+        text = prompts.text(record.prompt_tokens, seed, record.num_images, blocks, block)
         # template mode: the trace's count is the intent; content mode: text + template
         exact = prompts.mode == "template"
         text_tokens = (

@@ -36,6 +36,9 @@ class ImageRef(BaseModel):
     hash: str = Field(min_length=1, description="content hash; equal hashes mean the same picture")
     width: int = Field(ge=1, description="pixels")
     height: int = Field(ge=1, description="pixels")
+    # Live traces: where the image's placeholder tokens start in the prompt (None: replays
+    # and the simulator put a record's images before its text, as ``epdctl bench`` sends it).
+    offset: int | None = Field(default=None, ge=0, description="first placeholder position")
 
 
 class TraceRecord(BaseModel):
@@ -63,6 +66,9 @@ class TraceRecord(BaseModel):
     # Shared-prefix blocks (Mooncake ``hash_ids``): equal ids at the start of two prompts mean
     # an equal text prefix, one block of ``block_tokens`` (512 by default) per id.
     hash_ids: tuple[int, ...] | None = None
+    # Set by the router's live trace: its ids name blocks of this many tokens over the whole
+    # prompt as the server laid it out, images in place (``cache/trace_blocks.py``).
+    hash_block_tokens: int | None = Field(default=None, ge=1)
     # Multi-turn: records with the same id are one conversation's turns, in arrival order;
     # a turn's ``prompt_tokens`` counts its own user message (``bench/sessions.py``).
     session_id: str | None = None
@@ -184,12 +190,14 @@ def trace_digest(records: Iterable[TraceRecord]) -> str:
     """
     digest = hashlib.sha256()
     for record in records:
-        data = record.model_dump(include=_WORKLOAD_FIELDS)
+        data = record.model_dump(include=_WORKLOAD_FIELDS, exclude_none=True)  # old digests
         data["arrival_s"] = round(record.arrival_s, 6)
         if record.hash_ids is not None:  # absent from older traces: their digests stay put
             data["hash_ids"] = list(record.hash_ids)
         if record.session_id is not None:  # likewise
             data["session_id"] = record.session_id
+        if record.hash_block_tokens is not None:  # likewise
+            data["hash_block_tokens"] = record.hash_block_tokens
         digest.update(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
         digest.update(b"\n")
     return "sha256:" + digest.hexdigest()[:16]

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from epd_engine.api.auth import require_token
 from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.cache.trace_blocks import TRACE_BLOCK_TOKENS, trace_hash_ids
 from epd_engine.config import Role, internal_token
 from epd_engine.contracts.errors import ClientError
 from epd_engine.contracts.host import host_id
@@ -129,9 +130,17 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         "request_id": request_id,
         "prompt_tokens": engine_request.num_prompt_tokens - image_tokens,
         "images": [
-            {"tokens": i.num_tokens, "hash": i.content_hash, "width": 0, "height": 0}
+            {
+                "tokens": i.num_tokens,
+                "hash": i.content_hash,
+                "width": 0,
+                "height": 0,
+                "offset": i.offset,
+            }
             for i in engine_request.images
         ],
+        "hash_ids": trace_hash_ids(engine_request.prompt_token_ids, engine_request.images),
+        "hash_block_tokens": TRACE_BLOCK_TOKENS,
     }
 
 

@@ -14,7 +14,12 @@ from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import Capacity, FittedCostModel
 from epd_engine.profiler.scheduler_parts import scheduler_parts
-from epd_engine.profiler.sim_prefix import HASH_BLOCK_TOKENS, SIM_PREFIX_SALT, prompt_token_ids
+from epd_engine.profiler.sim_prefix import (
+    HASH_BLOCK_TOKENS,
+    SIM_PREFIX_SALT,
+    image_offsets,
+    prompt_token_ids,
+)
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
@@ -101,14 +106,16 @@ class RequestFactory:
         return [self.cost.image_tokens(image.tokens) for image in record.images]
 
     def make(self, index: int, record: TraceRecord) -> Request:
-        images = []
-        offset = 0
-        for image, num_tokens in zip(record.images, self.image_tokens(record), strict=True):
-            images.append(ImageRef(image.hash, offset, num_tokens, image.width, image.height))
-            offset += num_tokens
-        total = offset + record.prompt_tokens
+        sizes = self.image_tokens(record)
+        images = [
+            ImageRef(image.hash, offset, num_tokens, image.width, image.height)
+            for image, num_tokens, offset in zip(
+                record.images, sizes, image_offsets(record, sizes), strict=True
+            )
+        ]
+        total = sum(sizes) + record.prompt_tokens
         if self.prefix_cache:
-            prompt = prompt_token_ids(record, index, offset, total, self.block_tokens)
+            prompt = prompt_token_ids(record, index, sum(sizes), total, self.block_tokens)
         else:
             prompt = self._prompts.setdefault(total, [0] * total)
         sampling = SamplingParams(max_tokens=record.output_tokens, temperature=0.0, ignore_eos=True)

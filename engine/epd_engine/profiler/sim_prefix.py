@@ -14,7 +14,10 @@ instead of being replayed from ``TraceRecord.cached_tokens``.
 A prompt is laid out as ``epdctl bench`` sends a record: its images first, then its text
 (the blocks, then its own tokens). So a request whose first image is its own shares no text
 with others, as on the engine when bench replays it; a trace whose shared system prompt came
-before a fresh image in the original traffic is undercounted.
+before a fresh image in the original traffic is undercounted. The router's live trace says
+more (``hash_block_tokens`` set): its ids name blocks over the whole prompt, images
+included, and its images carry their offsets, so such a prompt is laid out as the server
+had it: the blocks from the first token, each image where it was.
 
 Not modelled: a finished turn's answer is cached under the simulator's token ids (0), not
 the text the next turn resends, so a conversation's answer pages never hit (the engine's
@@ -24,6 +27,7 @@ do); a partial block is a miss.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from epd_engine.contracts.trace import TraceRecord
 
@@ -38,12 +42,33 @@ def models_prefix_cache(records: Sequence[TraceRecord]) -> bool:
     return any(record.hash_ids for record in records)
 
 
+def image_offsets(record: TraceRecord, sizes: Sequence[int]) -> list[int]:
+    """Where a record's images (of ``sizes`` tokens each, the cost model's) go in its
+    simulated prompt: where the server had them when the trace says (shifted by any
+    difference between the trace's tokens per image and ``sizes``), else all first."""
+    if any(image.offset is None for image in record.images):
+        return list(accumulate(sizes, initial=0))[:-1]
+    growth = [size - image.tokens for image, size in zip(record.images, sizes, strict=True)]
+    shifts = list(accumulate(growth, initial=0))[:-1]
+    return [(image.offset or 0) + shift for image, shift in zip(record.images, shifts, strict=True)]
+
+
+def blocks_cover_whole_prompt(record: TraceRecord) -> bool:
+    """Whether the record's ids name blocks from its first token, images included (the
+    router's live trace), rather than blocks of text after its images."""
+    return record.hash_block_tokens is not None
+
+
 def prompt_token_ids(
-    record: TraceRecord, index: int, text_offset: int, total: int, block_tokens: int
+    record: TraceRecord, index: int, image_tokens: int, total: int, block_tokens: int
 ) -> list[int]:
-    """``total`` token ids for request ``index``: images' placeholders up to
-    ``text_offset``, then the record's blocks, then tokens no other request has."""
+    """``total`` token ids for request ``index``: images' placeholders (``image_tokens`` of
+    them, first), then the record's blocks, then tokens no other request has. Blocks over the
+    whole prompt start at its first token instead, at the record's own block size."""
     own = _OWN_TOKEN - 1 - index  # negative: never a block id (Mooncake's are >= 0)
+    text_offset = image_tokens
+    if blocks_cover_whole_prompt(record):
+        text_offset, block_tokens = 0, record.hash_block_tokens or block_tokens
     ids = [_OWN_TOKEN] * text_offset
     for block in record.hash_ids or ():
         take = min(block_tokens, total - len(ids))
@@ -89,7 +114,10 @@ def best_case_hits(
         if not modelled:
             hits[index] = max(0, min(record.cached_tokens or 0, total - 1))
             continue
-        units += [(block, block_tokens) for block in record.hash_ids or ()]
+        if blocks_cover_whole_prompt(record):  # its images are in its blocks' ids
+            units = []
+        size = record.hash_block_tokens or block_tokens
+        units += [(block, size) for block in record.hash_ids or ()]
         node, hit, missed = 0, 0, False
         for unit, tokens in units:
             found = trie.get((node, unit))

@@ -271,6 +271,10 @@ class Dispatcher:
             path=tuple(request.path),
             stage_s=dict(request.stage_s) or None,
             cached_tokens=request.num_cached_tokens or None,
+            # the prompt's prefix identity, from the entry instance (cache/trace_blocks.py):
+            # the trace-replay planner models prefix-cache hits on live traffic with it
+            hash_ids=tuple(info["hash_ids"]) if info.get("hash_ids") else None,
+            hash_block_tokens=info.get("hash_block_tokens") if info.get("hash_ids") else None,
         )
         # the workload's shape, from the same record the trace keeps
         m.request_prompt_tokens.labels(**labels).observe(record.prompt_tokens)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from epd_engine.api.auth import require_token
 from epd_engine.api.completions import CompletionRequest
 from epd_engine.api.protocol import ChatCompletionRequest
+from epd_engine.cache.trace_blocks import TRACE_BLOCK_TOKENS, trace_hash_ids
 from epd_engine.contracts.errors import ClientError
 from epd_engine.engine.async_engine import RequestOutputStream
 from epd_engine.engine.detokenizer import Detokenizer
@@ -90,9 +91,18 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
         "request_id": request_id,
         "prompt_tokens": len(prompt.token_ids) - image_tokens,
         "images": [
-            {"tokens": i.num_tokens, "hash": i.content_hash, "width": i.width, "height": i.height}
+            {
+                "tokens": i.num_tokens,
+                "hash": i.content_hash,
+                "width": i.width,
+                "height": i.height,
+                "offset": i.offset,
+            }
             for i in prompt.images
         ],
+        # the prompt's prefix identity, for the router's trace (cache/trace_blocks.py)
+        "hash_ids": trace_hash_ids(prompt.token_ids, prompt.images),
+        "hash_block_tokens": TRACE_BLOCK_TOKENS,
     }
 
 

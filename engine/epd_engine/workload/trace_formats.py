@@ -183,9 +183,8 @@ def mooncake_lines(
         else:
             seed = record.request_id or str(index)
             blocks = record.hash_ids or ()
-            row["text_input"] = prompts.text(
-                record.total_prompt_tokens, seed, 0, blocks, block_tokens
-            )
+            block = record.hash_block_tokens or block_tokens  # a live trace says its own
+            row["text_input"] = prompts.text(record.total_prompt_tokens, seed, 0, blocks, block)
         row["output_length"] = record.output_tokens
         if record.session_id is not None:
             row["session_id"] = record.session_id
