@@ -11,13 +11,15 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epd_engine.api.errors import install_error_handlers
-from epd_engine.config import SLO, Role
+from epd_engine.config import SLO, Role, internal_token
 from epd_engine.contracts.plan import Budgets
 from epd_engine.emulate import EMULATED_NOTE, emulated_name, router_side
 from epd_engine.emulate.costs import EmulatedCosts
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.instance_metrics import InstanceMetrics
 from epd_engine.emulate.loop import EmulatedLoop
+from epd_engine.emulate.migration import EmulatedMigration
+from epd_engine.emulate.migration import router as migration_routes
 from epd_engine.emulate.routes import EmulatedState
 from epd_engine.emulate.routes import router as openai_router
 from epd_engine.engine import startup
@@ -58,12 +60,17 @@ def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
                     settings.router_url, settings.advertise_url, settings.instance_id,
                     settings.role, settings.pool, engine, http,
                 )  # fmt: skip
+                state.migration = EmulatedMigration(
+                    loop, state.link, loop.metrics, state.relays, http, internal_token()
+                )
             state.ready = True
             startup.mark("serving")
             try:
                 yield
             finally:
                 state.ready = False
+                if state.migration is not None:
+                    await state.migration.close()
                 if state.link is not None:
                     await state.link.stop()
                 await loop.stop()
@@ -73,6 +80,7 @@ def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(router_side.router)
+    app.include_router(migration_routes)
 
     @app.get("/health/live")
     async def live() -> dict[str, str]:

@@ -4,7 +4,7 @@ scrape can take an emulated fleet for a real one."""
 
 from __future__ import annotations
 
-from prometheus_client import Info
+from prometheus_client import Counter, Info
 
 from epd_engine.emulate import EMULATED_NOTE
 from epd_engine.emulate.engine import EmulatedEngine, EmulatedStep
@@ -24,6 +24,14 @@ class InstanceMetrics:
         meta = engine.costs.model.meta.get("hardware", {})
         info.labels(**metrics.labels).info(
             {"cost_model": engine.costs.source, "device": str(meta.get("device", "unknown"))}
+        )
+        # the bytes a real pull would have moved (none move here: the time is the link's)
+        self.migration_bytes = Counter(
+            "epd_emulated_migration_bytes",
+            "Bytes the migrations this emulated instance pulled would move (the cost model's "
+            "bytes per token; no bytes move), by cache kind.",
+            (*metrics.labels, "kind"),
+            registry=metrics.registry,
         )
         scheduler = engine.scheduler
         for cache, manager in (("kv", scheduler.kv), ("image", scheduler.images)):
@@ -45,3 +53,11 @@ class InstanceMetrics:
             if manager is not None:
                 metrics.cache_usage.labels(**labels, cache=cache).set(manager.pool.usage)
                 metrics.cache_used_pages.labels(**labels, cache=cache).set(manager.pool.num_used)
+
+    def record_pull(self, kind: str, num_bytes: int, seconds: float) -> None:
+        """One pull of a migrated-in request, as a real target reports it (backend
+        ``emulated``), and the bytes it stands for."""
+        labels = self.metrics.labels
+        self.migration_bytes.labels(**labels, kind=kind).inc(num_bytes)
+        pull = self.metrics.migration_pull.labels(**labels, kind=kind, backend="emulated")
+        pull.observe(seconds)

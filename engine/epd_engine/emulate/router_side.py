@@ -1,13 +1,8 @@
 """An emulated instance behind the real router: registration and heartbeats through the
 engine's own ``RouterLink`` (its load read off the real scheduler), the router's submit and
-abort routes, and each request's events on the link's event stream in the engine's shape
-(``RouterLink.send``'s fields; the emulator has no detokenizer, so each event carries its
-token's text)."""
+abort routes; each request's events go on the link's event stream (``relay.py``)."""
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, Request
@@ -25,9 +20,9 @@ from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.emulate.prompts import chat_request
+from epd_engine.emulate.relay import start_relay
 from epd_engine.emulate.tokens import token_text
 from epd_engine.engine.health import EngineHealth
-from epd_engine.scheduler import RequestEvent
 from epd_engine.transfer.messages import Routing
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
@@ -71,26 +66,6 @@ class AbortRequest(BaseModel):
     attempt: int
 
 
-def _event(
-    link: RouterLink, routing: Routing, event: RequestEvent, num_prompt: int, num_output: int
-) -> dict[str, Any]:
-    token_ids = [event.new_token_id] if event.new_token_id is not None else []
-    return {
-        "router_request_id": routing.router_request_id,
-        "attempt": routing.attempt,
-        "instance_id": link.identity.instance_id,
-        "pool": link.identity.pool,
-        "token_ids": token_ids,
-        "text_delta": "".join(token_text(t) for t in token_ids),
-        "num_prompt_tokens": num_prompt,
-        "num_output_tokens": num_output,
-        "num_cached_tokens": 0,
-        "finish_reason": event.finish_reason,
-        "error": None,
-        "stage_timings": [],
-    }
-
-
 @router.post("/requests")
 async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     state = request.app.state.emulated
@@ -101,30 +76,20 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     routing = payload.routing
     request_id = f"{routing.router_request_id}-{routing.attempt}"
     engine_request = chat_request(request_id, payload.body, loop.engine.tokens_per_image)
+    if state.migration is not None:  # its next stage may run on another instance
+        state.migration.follow(request_id, routing)
     events = loop.generate(engine_request)
     try:
-        first = await anext(events)  # admission errors are the router's 400
+        # admission errors are the router's 400; None: handed off before any token (E)
+        first = await anext(events, None)
     except ValueError as exc:
         raise ClientError(str(exc)) from exc
-
-    async def relay() -> None:
-        num_output = 0
-        event: RequestEvent | None = first
-        try:
-            while event is not None:
-                num_output += event.new_token_id is not None
-                link.send_raw(
-                    _event(link, routing, event, engine_request.num_prompt_tokens, num_output)
-                )
-                event = await anext(events, None)
-            metrics = state.metrics
-            metrics.requests.labels(**metrics.labels, outcome="success").inc()
-        finally:
-            await events.aclose()  # an abort (cancelled) frees the request's pages now
-
-    task = asyncio.create_task(relay())
-    state.relays[request_id] = task
-    task.add_done_callback(lambda _: state.relays.pop(request_id, None))
+    num_prompt = engine_request.num_prompt_tokens
+    on_end = state.migration.ended if state.migration is not None else None
+    start_relay(
+        state.relays, link, state.metrics, routing, request_id, events, first, num_prompt,
+        on_end=on_end,
+    )  # fmt: skip
     image_tokens = sum(i.num_tokens for i in engine_request.images)
     return {
         "request_id": request_id,
@@ -133,8 +98,8 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
             {
                 "tokens": i.num_tokens,
                 "hash": i.content_hash,
-                "width": 0,
-                "height": 0,
+                "width": 1,  # no image is decoded here: its size is unknown (the
+                "height": 1,  # router's trace record needs one), its tokens are the model's
                 "offset": i.offset,
             }
             for i in engine_request.images

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -21,7 +22,7 @@ from epd_engine.api.protocol import (
     token_usage,
 )
 from epd_engine.api.streaming import ChunkWriter
-from epd_engine.api.validation import check_chat_request
+from epd_engine.api.validation import check_chat_request, check_role_serves
 from epd_engine.config import SLO
 from epd_engine.contracts.errors import ClientError, ModelNotFound
 from epd_engine.disagg.router_link import RouterLink
@@ -32,6 +33,9 @@ from epd_engine.emulate.tokens import token_text
 from epd_engine.metrics import Metrics
 from epd_engine.request import Request as EngineRequest
 from epd_engine.scheduler import RequestEvent
+
+if TYPE_CHECKING:
+    from epd_engine.emulate.migration import EmulatedMigration
 
 router = APIRouter()
 
@@ -45,6 +49,7 @@ class EmulatedState:
     ready: bool = False
     link: RouterLink | None = None  # set: registered with a router, serving its requests
     relays: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # router requests
+    migration: EmulatedMigration | None = None  # behind a router: hands requests on, takes them
 
 
 def _state(request: Request) -> EmulatedState:
@@ -81,6 +86,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if not state.ready:
         raise ClientError("server is starting", code="not_ready")
     check_chat_request(body)
+    check_role_serves(state.loop.engine.role, body.num_images() > 0)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = chat_request(request_id, body, state.loop.engine.tokens_per_image)
     events = state.loop.generate(engine_request)

@@ -25,10 +25,10 @@ def emulated_settings(args: argparse.Namespace) -> EmulatedSettings:
             "--model a name (or leave it out), or drop --emulate to serve the real model"
         )
     role = Role(args.role)
-    if role is not Role.EPD:
+    if role is not Role.EPD and not args.router_url:
         raise UserError(
-            f"--emulate serves role EPD only for now, not {role.value} (migrations between "
-            "emulated instances are not built yet)"
+            f"--emulate --role {role.value} needs --router-url: an instance that runs only "
+            "some stages hands requests on through the router's table of instances"
         )
     if args.router_url and not internal_token_set():
         raise UserError(
