@@ -6,6 +6,7 @@ Also turns trace records into the engine's ``Request`` objects the scheduler con
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epd_engine.config import Role
@@ -21,6 +22,7 @@ from epd_engine.profiler.sim_prefix import (
     prompt_token_ids,
 )
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
+from epd_engine.profiler.sim_turns import Laid, TurnScript
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
 
@@ -85,37 +87,56 @@ class SimInstance:
 
 
 class RequestFactory:
-    """Trace records -> engine requests (ids are the record's index in the trace).
+    """Trace records -> engine requests (ids are the record's index in ``records``).
 
     ``prefix_cache``: the instances model the prefix cache, so a prompt's token ids carry
-    its shared blocks (``sim_prefix.py``) and no recorded hit is replayed."""
+    its shared blocks (``sim_prefix.py``), a conversation's turns are written so the next
+    finds the answer's pages (``sim_turns.py``; ``answers``: the ids each request
+    generates) and no recorded hit is replayed."""
 
     def __init__(
         self,
         cost: FittedCostModel,
         prefix_cache: bool = False,
         block_tokens: int = HASH_BLOCK_TOKENS,
+        records: Sequence[TraceRecord] = (),
     ) -> None:
         self.cost = cost
         self.prefix_cache = prefix_cache
         self.block_tokens = block_tokens
+        self.records = records
+        self.turns = TurnScript(records, self._layout) if prefix_cache else None
+        self.answers: dict[str, list[int]] = {}
         # token ids matter only to a prefix cache: otherwise share one prompt per length
         self._prompts: dict[int, list[int]] = {}
 
     def image_tokens(self, record: TraceRecord) -> list[int]:
         return [self.cost.image_tokens(image.tokens) for image in record.images]
 
-    def make(self, index: int, record: TraceRecord) -> Request:
+    def _images(self, record: TraceRecord) -> list[ImageRef]:
         sizes = self.image_tokens(record)
-        images = [
+        return [
             ImageRef(image.hash, offset, num_tokens, image.width, image.height)
             for image, num_tokens, offset in zip(
                 record.images, sizes, image_offsets(record, sizes), strict=True
             )
         ]
-        total = sum(sizes) + record.prompt_tokens
-        if self.prefix_cache:
-            prompt = prompt_token_ids(record, index, sum(sizes), total, self.block_tokens)
+
+    def _layout(self, index: int) -> Laid:
+        record = self.records[index]
+        images = self._images(record)
+        image_tokens = sum(image.num_tokens for image in images)
+        total = image_tokens + record.prompt_tokens
+        ids, own_from = prompt_token_ids(record, index, image_tokens, total, self.block_tokens)
+        return Laid(ids, images, own_from)
+
+    def make(self, index: int, record: TraceRecord) -> Request:
+        images = self._images(record)
+        total = sum(image.num_tokens for image in images) + record.prompt_tokens
+        if self.turns is not None:
+            prompt, answer = self.turns.prompt_and_answer(index)
+            if answer:
+                self.answers[str(index)] = answer
         else:
             prompt = self._prompts.setdefault(total, [0] * total)
         sampling = SamplingParams(max_tokens=record.output_tokens, temperature=0.0, ignore_eos=True)

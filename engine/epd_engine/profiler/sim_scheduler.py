@@ -83,13 +83,16 @@ class SimScheduler(Scheduler):
     Same order, budgets, paging and preemption as the engine's (those helpers are inherited
     unchanged); what changed is only how the per-request work is done: decodes are collected
     as requests, stages are read without property chains, a page check that needs no new
-    page skips the page manager, and applying an iteration (every sampled token is 0, as the
-    simulator always passed) builds no ``RequestEvent``.
+    page skips the page manager, and applying an iteration (each sampled token is its
+    request's scripted answer's, else 0) builds no ``RequestEvent``.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._stages = self.role.stages
+        # request id -> the ids it generates (a conversation's answer, ``sim_turns.py``);
+        # any other request's tokens are 0
+        self.answers: dict[str, list[int]] = {}
         self._zeros: list[int] = []  # token ids never matter: slices of one shared list
 
     # ---- one iteration ----------------------------------------------------------------
@@ -153,13 +156,14 @@ class SimScheduler(Scheduler):
         return len(decoding)
 
     def apply(self, out: SimOutput) -> Applied:
-        """``Scheduler.update`` with every sampled token 0: advance counters, append tokens,
-        finish, park what must migrate."""
+        """``Scheduler.update`` with each sampled token the request's answer's: advance
+        counters, append tokens, finish, park what must migrate."""
         applied = Applied()
         self._apply_encodes(out)
         requests = self.requests
         max_model_len = self.limits.max_model_len
         tokens = applied.tokens
+        scripted = bool(self.answers)
         still_decoding: set[str] = set()  # decoded, not finished: still at decode, and local
         for scheduled in out.decoding:
             request_id = scheduled.request_id
@@ -178,7 +182,7 @@ class SimScheduler(Scheduler):
                 and num_output < params.max_tokens
                 and num_prompt + num_output < max_model_len
             ):  # ``_sample``'s common case, inline: a token and no finish
-                output.append(0)
+                output.append(self.answer_token(request) if scripted else 0)
                 tokens.append(request_id)
                 still_decoding.add(request_id)
             else:
@@ -225,10 +229,16 @@ class SimScheduler(Scheduler):
             slot = self.images.slots(encode.request_id)[encode.image_index]
             self.images.mark_encoded(encode.content_hash, slot)
 
+    def answer_token(self, request: Request) -> int:
+        """The token ``request`` generates next: its scripted answer's, else 0."""
+        answer = self.answers.get(request.request_id)
+        position = len(request.output_token_ids)
+        return answer[position] if answer is not None and position < len(answer) else 0
+
     def _sample(self, request: Request, applied: Applied) -> None:
-        """``Scheduler._append_token`` of token 0, without its ``RequestEvent``."""
+        """``Scheduler._append_token`` of the answer's token, without its ``RequestEvent``."""
         output = request.output_token_ids
-        output.append(0)
+        output.append(self.answer_token(request) if self.answers else 0)
         params = request.sampling
         finish: RequestStatus | None = None
         if not params.ignore_eos and 0 in request.eos_token_ids:
@@ -289,7 +299,12 @@ class EngineScheduler(SimScheduler):
     def apply(self, out: SimOutput) -> Applied:
         engine = out.engine
         assert engine is not None, "an EngineScheduler applies only its own outputs"
-        sampled = {t.request_id: 0 for t in engine.token_tasks if t.sample}
+        requests = self.requests
+        sampled = {
+            t.request_id: self.answer_token(requests[t.request_id])
+            for t in engine.token_tasks
+            if t.sample
+        }
         applied = Applied()
         for event in Scheduler.update(self, engine, sampled):
             applied.tokens.append(event.request_id)

@@ -133,7 +133,7 @@ class _Run:
         self.cost = sim.cost
         self.records = records
         self.prefix_cache = models_prefix_cache(records)
-        self.factory = RequestFactory(sim.cost, self.prefix_cache)
+        self.factory = RequestFactory(sim.cost, self.prefix_cache, records=records)
         self.policy: RoutingPolicy = sim.policy or (
             PrefixAffinity() if self.prefix_cache else LeastLoaded()
         )
@@ -150,6 +150,7 @@ class _Run:
                         sim.scheduler_kind,
                         self.prefix_cache,
                     )
+                    scheduler.answers = self.factory.answers  # what each request generates
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
         pools = [(role, sim.plan.pools[role]) for role in sim.plan.method.roles]
         nodes = instance_nodes(pools, sim.instances_per_node) if self.instances else []

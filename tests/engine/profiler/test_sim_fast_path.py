@@ -147,3 +147,27 @@ def test_fast_path_caches_prefixes_like_the_engine_scheduler(
     assert fast.prefix_hit_tokens == reference.prefix_hit_tokens
     assert fast.prefix_queried_tokens == reference.prefix_queried_tokens
     _assert_same(fast, reference)
+
+
+@pytest.mark.parametrize("plan", PLANS[::2], ids=lambda p: p.describe())
+def test_fast_path_writes_answers_like_the_engine_scheduler(plan: Plan) -> None:
+    """Six conversations of four turns (``sim_turns.py``): each turn generates its next
+    turn's ids, so the next finds the answer's pages, on both paths alike."""
+    sessions, turns, block = 6, 4, 512
+    trace = [
+        record.model_copy(update={
+            "images": (), "session_id": f"s{index % sessions}",
+            "prompt_tokens": (index // sessions + 1) * block + 30,
+            "hash_ids": tuple(100 * (index % sessions) + k for k in range(index // sessions + 1)),
+        })
+        for index, record in enumerate(
+            synthesize(MIXED, sessions * turns, ArrivalSpec("poisson", 4.0), seed=8)
+        )
+    ]  # fmt: skip
+    cost = reference_cost_model()
+    fast = _run(plan, trace, cost, SimScheduler, stop=False)
+    reference = _run(plan, trace, cost, EngineScheduler, stop=False)
+    earlier_blocks = sessions * block * sum(range(turns))
+    assert max(reference.prefix_hit_tokens.values()) > earlier_blocks  # answers' pages too
+    assert fast.prefix_hit_tokens == reference.prefix_hit_tokens
+    _assert_same(fast, reference)

@@ -1,7 +1,8 @@
 """The simulator's prefix model on the router's live trace (issue 33): ids over blocks of
 the whole prompt (``hash_block_tokens``), images at the offsets the server gave them. A
-conversation whose second turn brings a new image still finds the first turn's blocks, as
-the engine does; laid out the bench's way (images first) the new image would hide them."""
+conversation whose second turn brings a new image still finds the first turn's blocks, and
+the pages of its answer (``sim_turns.py``), as the engine does; laid out the bench's way
+(images first) the new image would hide them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from epd_engine.request import ImageRef as PromptImage
 
 from .factories import toy_cost_model
 
-BLOCK = 64
+BLOCK, PAGE, ANSWER = 64, 16, 20
 EPD = Role.EPD.value
 
 
@@ -24,10 +25,11 @@ def _image(seed: int, offset: int | None) -> ImageRef:
 
 
 def _conversation(offsets: bool = True) -> list[TraceRecord]:
-    """Turn 1: 40 text tokens, an image, 60 more (200: three full blocks). Turn 2 resends it
-    and adds its answer, 100 text tokens and a second image (500 tokens: seven blocks)."""
+    """Turn 1: 40 text tokens, an image, 60 more (200: three full blocks), a 20-token answer.
+    Turn 2 resends it with its answer, 100 more text tokens and a second image (500 tokens:
+    seven blocks)."""
     first = TraceRecord(
-        arrival_s=0.0, prompt_tokens=100, output_tokens=4, images=(_image(1, 40 if offsets
+        arrival_s=0.0, prompt_tokens=100, output_tokens=ANSWER, images=(_image(1, 40 if offsets
         else None),), hash_ids=(11, 12, 13), hash_block_tokens=BLOCK,
     )  # fmt: skip
     second = TraceRecord(
@@ -45,9 +47,10 @@ def _hits(records: list[TraceRecord]) -> int:
     return result.prefix_hit_tokens.get(EPD, 0)
 
 
-def test_a_live_conversation_finds_its_first_turns_blocks_past_a_new_image() -> None:
-    assert _hits(_conversation()) == 3 * BLOCK
-    assert sum(best_case_hits(_conversation())) == 3 * BLOCK
+def test_a_live_conversation_finds_its_first_turn_and_answer_past_a_new_image() -> None:
+    written = 200 + ANSWER - 1  # the last answer token is sampled, never written
+    assert _hits(_conversation()) == written // PAGE * PAGE > 3 * BLOCK
+    assert sum(best_case_hits(_conversation())) == written
     # without offsets the images go first: the second image sits where turn 1 had text
     assert _hits(_conversation(offsets=False)) < 3 * BLOCK
 

@@ -1,7 +1,8 @@
 """The router's live trace names each request's prefix (``hash_ids``, from the entry
 instance's tokens and images; ``cache/trace_blocks.py``), so replaying it in the simulator
 models prefix-cache hits on live traffic (issue 33): a real router and a real EPD instance of
-the tiny model, one multi-turn conversation with images."""
+the tiny model, one multi-turn conversation with images; the simulator finds the hits the
+engine found."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.engine.server.images import image_message
 from tests.processes import free_port, running
 
 pytestmark = pytest.mark.slow  # two processes: a router and an instance (about 10 s)
+TRACE_BLOCK, PAGE = 64, 16  # tokens per hash id; per KV page (the engine's default)
 SYSTEM = "You are a careful assistant who describes pictures in plain words, briefly and well."
 ASK = " Answer in full sentences, name every object you can see, where it sits in the frame,"
 ASK += " its colour and its size, and say what you are least sure of and why that is so."
@@ -72,7 +74,7 @@ def test_later_turns_lead_with_the_earlier_turns_ids_and_replay_finds_hits(
     records = _converse(router_url)
     assert len(records) == len(TURNS)
     ids = [record.hash_ids or () for record in records]
-    assert all(record.hash_block_tokens == 64 for record in records)
+    assert all(record.hash_block_tokens == TRACE_BLOCK for record in records)
     assert len(ids[0]) >= 1 and len(ids[0]) < len(ids[1]) < len(ids[2])
     for earlier, later in pairwise(ids):
         assert later[: len(earlier)] == earlier  # the conversation so far is its prefix
@@ -86,7 +88,12 @@ def test_later_turns_lead_with_the_earlier_turns_ids_and_replay_finds_hits(
     modelled = simulate(plan, records, cost, slo)
     rate = modelled.prefix_hit_rate(Role.EPD.value)
     assert rate is not None and rate > 0
-    # turns 2 and 3 find the full blocks of the turn before (64 tokens: four pages each)
-    assert modelled.prefix_hit_tokens[Role.EPD.value] == 64 * (len(ids[0]) + len(ids[1]))
+    # turns 2 and 3 find the turn before, its answer's pages too (sim_turns.py): what the
+    # engine found (176 + 304 tokens here), or up to a page more each where a resent answer
+    # tokenizes unlike the generated one
+    engine_hits = sum(record.cached_tokens or 0 for record in records)
+    sim_hits = modelled.prefix_hit_tokens[Role.EPD.value]
+    assert engine_hits <= sim_hits <= engine_hits + 2 * PAGE
+    assert sim_hits > TRACE_BLOCK * (len(ids[0]) + len(ids[1]))  # more than the blocks
     nameless = [r.model_copy(update={"hash_ids": None, "cached_tokens": None}) for r in records]
     assert simulate(plan, nameless, cost, slo).prefix_hit_tokens == {}
