@@ -35,6 +35,10 @@ class Handoffs(Protocol):
         """``request`` is parked here; its next stage runs on another instance."""
         ...
 
+    def on_evicted(self, request_id: str) -> None:
+        """A decode-only instance ran out of pages for it: send it down a fresh path."""
+        ...
+
 
 class EmulatedLoop:
     def __init__(self, engine: EmulatedEngine, metrics: InstanceMetrics) -> None:
@@ -84,7 +88,12 @@ class EmulatedLoop:
                 continue
             start = time.monotonic()
             step = engine.schedule()
+            self._evict(step.out.evicted_ids)
             if step.out.is_empty:
+                # as the engine's empty step: a request whose local stages need no work
+                # (its image was in the encoder cache) parks for its next stage now
+                engine.finish(step)
+                self._hand_off_parked()
                 await asyncio.sleep(IDLE_POLL_S)
                 continue
             if self.handoffs is not None:
@@ -107,9 +116,16 @@ class EmulatedLoop:
         self.engine.scheduler.release_migrated(request_id)
         self._offered.discard(request_id)
 
+    def _evict(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if (queue := self._streams.get(request_id)) is not None:
+                queue.put_nowait(None)  # its events end here, it goes on elsewhere
+            if self.handoffs is not None:
+                self.handoffs.on_evicted(request_id)
+
     def _hand_off_parked(self) -> None:
         migrating = self.engine.scheduler.migrating
-        self._offered &= migrating.keys()  # released or aborted since
+        self._offered = {r for r in self._offered if r in migrating}  # not released since
         for request_id, request in migrating.items():
             if request_id in self._offered or self.handoffs is None:
                 continue

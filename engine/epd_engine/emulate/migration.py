@@ -171,6 +171,11 @@ class EmulatedMigration:
             log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
         return response.status_code == 200
 
+    def on_evicted(self, request_id: str) -> None:
+        routing = self.routings.pop(request_id, None)
+        if routing is not None:
+            self._spawn(self.link.retry(routing, "evicted: out of KV cache pages"))
+
     def release(self, request_id: str) -> None:
         """Step 4 on the source (or a hand-off nobody took): free the parked pages."""
         self.routings.pop(request_id, None)
