@@ -15,6 +15,7 @@ from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.metrics import Metrics
 from epd_engine.request import ImageRef, Request
 from epd_engine.sampling import SamplingParams
+from epd_engine.scheduler import RequestEvent
 from epd_engine.scheduler.output import PullTask
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,14 +48,14 @@ def image_request(request_id: str) -> Request:
     )
 
 
-async def _encode_twice() -> tuple[list[str], list[list[object]]]:
+async def _encode_twice() -> tuple[list[str], list[list[RequestEvent]]]:
     costs = EmulatedCosts.load(COST_MODEL)
     engine = EmulatedEngine(Role.E, costs, SLO())
     loop = EmulatedLoop(engine, InstanceMetrics(Metrics("m-emulated", "E", "p"), engine))
     handoffs = Recorder()
     loop.handoffs = handoffs
     loop.start()
-    seen = []
+    seen: list[list[RequestEvent]] = []
     try:
         for request_id in ("first", "second"):  # the second finds its image encoded
             handoffs.arrived.clear()
@@ -62,7 +63,7 @@ async def _encode_twice() -> tuple[list[str], list[list[object]]]:
             await asyncio.wait_for(handoffs.arrived.wait(), timeout=2)
             assert request_id in engine.scheduler.migrating  # parked, not aborted
             loop.release(request_id)  # the target pulled it
-            seen.append(list(events))
+            seen.append(events)
     finally:
         await loop.stop()
     return handoffs.handed, seen
