@@ -25,6 +25,7 @@ from epd_engine.config import SLO, Method, Role
 from epd_engine.contracts.plan import Plan, Prediction
 from epd_engine.transfer import TransferBackendName
 from epd_operator.api.model_base import SpecModel, cel
+from epd_operator.api.placement import GROUP_RULES, PlacementSpec, check_groups
 from epd_operator.api.pod_fields import (
     MAX_LIST_ITEMS,
     MAX_RESOURCE_NAMES,
@@ -538,6 +539,7 @@ class EPDDeploymentSpec(_Model):
                     "gpusPerInstance may be lower, not higher",
                     ".engine.roles",
                 ),
+                *GROUP_RULES,
             ]
         }
     )
@@ -559,6 +561,11 @@ class EPDDeploymentSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=lambda: RolloutSpec(), json_schema_extra=_OBJ)
     network_policy: NetworkPolicySpec = Field(
         default_factory=lambda: NetworkPolicySpec(), json_schema_extra=_OBJ
+    )
+    placement: PlacementSpec = Field(
+        default_factory=lambda: PlacementSpec(),
+        json_schema_extra=_OBJ,
+        description="Whether the instances that exchange caches share a pod.",
     )
 
     @model_validator(mode="after")
@@ -592,6 +599,8 @@ class EPDDeploymentSpec(_Model):
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     f"gpusPerInstance may be lower, not higher ({', '.join(over)})"
                 )
+        method = self.disaggregation.method
+        check_groups(self.placement, method, engine.transfer_backend, engine.roles)
         return self
 
 

@@ -215,7 +215,7 @@ def reconcile(
     assert memory.plan is not None
 
     # shared children, then the rollout (the same driver as the local backend)
-    desired = r.pool_specs(owner, plan)
+    desired = r.deployment_pools(owner, plan)
     addresses = list(router_urls) or kube.router_addresses(namespace, name, spec.router.port)
     state = RolloutState(frozenset(status.active_pools), _parse_ts(status.draining_since))
     outcome = rollout_pass(

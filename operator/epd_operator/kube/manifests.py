@@ -11,6 +11,9 @@ Nothing here talks to the API server. Child names are deterministic:
   change keeps its name across plans; a changed one is a new name, brought up next to the old
   one (blue/green per pool). The rest of a pod (image, arguments, env, volumes, placement:
   ``pod_template.py``) rolls within the pool, replica by replica (``update_strategy.py``).
+- with ``spec.placement.mode: Groups``, ``<name>-group-<hash8>`` Deployment + headless Service
+  of group pods, one slice of the plan each (``group_pools.py``, ``group_pods.py``), beside
+  the pools of the instances left over,
 - ``<name>-engine`` and ``<name>-router`` NetworkPolicies, a PodDisruptionBudget per pool
   (named like it) and ``<name>-router`` for the router (kept in step by ``guardrails.py``).
 
@@ -27,6 +30,8 @@ from typing import Any
 from epd_engine.contracts.plan import Plan
 from epd_operator.api.images import ENGINE_IMAGE
 from epd_operator.api.spec import API_VERSION, KIND
+from epd_operator.kube.group_pods import group_pod_template, member_ports, members_label
+from epd_operator.kube.group_pools import deployment_pools
 from epd_operator.kube.names import (
     ANNOTATION_GPUS,
     ENGINE_PORT,
@@ -71,6 +76,7 @@ __all__ = [  # shared names, re-exported: callers render and name children from 
     "Owner",
     "PoolSpec",
     "config_name",
+    "deployment_pools",
     "label_value",
     "labels",
     "pool_specs",
@@ -165,7 +171,10 @@ def router_config(owner: Owner, plan: Plan, active_pools: list[str]) -> dict[str
         "active_pools": sorted(active_pools) or None,
         "plan": {
             **plan.model_dump(mode="json"),
-            "pool_names": {p.role.value: p.name for p in pool_specs(owner, plan)},
+            "pool_names": {
+                "group" if p.members else p.role.value: p.name
+                for p in deployment_pools(owner, plan)
+            },
         },
     }
 
@@ -200,11 +209,15 @@ def render_secret(owner: Owner, token: str) -> Manifest:
 
 
 def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest:
-    """One pool: its pods (``pod_template.py``), rolled replica by replica on a change."""
+    """One pool: its pods (``pod_template.py``; a group pool's: ``group_pods.py``), rolled
+    replica by replica on a change."""
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
     router_args = ["--router-url", router_pods_url(owner), "--router-dns"]
     metadata = _metadata(owner, pool.name, "engine", pool_labels)
+    if pool.members:
+        metadata["labels"].update(members_label(pool))
     metadata["annotations"] = {ANNOTATION_GPUS: str(pool.gpus_per_instance)}
+    template = group_pod_template if pool.members else engine_pod_template
     return with_hash(
         {
             "apiVersion": "apps/v1",
@@ -214,7 +227,7 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
                 "replicas": pool.replicas,
                 "selector": {"matchLabels": pool_selector(owner, pool)},
                 "strategy": update_strategy(owner, pool, plan),
-                "template": engine_pod_template(owner, pool, plan, router_args),
+                "template": template(owner, pool, plan, router_args),
             },
         }
     )
@@ -223,6 +236,12 @@ def render_pool_deployment(owner: Owner, pool: PoolSpec, plan: Plan) -> Manifest
 def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
     """Headless: the router and migration peers resolve each instance, not a virtual IP."""
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    ports = [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}]
+    if pool.members:
+        ports = [
+            {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
+            for p in member_ports(owner, pool)
+        ]
     return with_hash(
         {
             "apiVersion": "v1",
@@ -231,7 +250,7 @@ def render_pool_service(owner: Owner, pool: PoolSpec) -> Manifest:
             "spec": {
                 "clusterIP": "None",
                 "selector": pool_selector(owner, pool),
-                "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}],
+                "ports": ports,
             },
         }
     )

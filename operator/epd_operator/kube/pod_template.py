@@ -19,8 +19,10 @@ pod is BestEffort.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from epd_engine.config import Role
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags
 from epd_operator.api.spec import Toleration
@@ -47,6 +49,12 @@ DEFAULT_ENGINE_RESOURCES: dict[str, dict[str, str]] = {
 }
 # Loading weights and the start-up budget search can take minutes on real checkpoints.
 STARTUP_PROBE_FAILURES = 90
+# (probe, health path, period s, failures) of every engine container
+ENGINE_PROBES = (
+    ("readinessProbe", "/health/ready", 5, 3),
+    ("livenessProbe", "/health/live", 10, 6),
+    ("startupProbe", "/health/live", 10, STARTUP_PROBE_FAILURES),
+)
 
 
 # --- pieces the router's pod shares ----------------------------------------------------------
@@ -90,9 +98,14 @@ def writable_tmp() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]
     return {"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": TMP_DIR}, env
 
 
+def http_check(path: str) -> dict[str, Any]:
+    """A probe's handler: GET ``path`` on the container's ``http`` port."""
+    return {"httpGet": {"path": path, "port": "http"}}
+
+
 def probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        **http_check(path),
         "periodSeconds": period_s,
         "failureThreshold": failures,
         "timeoutSeconds": 5,
@@ -183,36 +196,54 @@ def _model_mount(owner: Owner) -> dict[str, Any]:
     return mount
 
 
-def engine_args(owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]) -> list[str]:
-    """``epdctl serve`` arguments; ``router_args`` tell it where the router is (manifests.py
-    owns the router's names)."""
+def serve_args(
+    owner: Owner,
+    plan: Plan,
+    role: Role,
+    pool_name: str,
+    router_args: list[str],
+    instance_id: str = "$(POD_NAME)",
+    port: int = ENGINE_PORT,
+    device: str | None = None,
+    model: str | None = None,
+) -> list[str]:
+    """``epdctl serve`` arguments of one instance of ``role``; ``router_args`` tell it where
+    the router is (manifests.py owns the router's names). Unset ``device``: ``cuda`` where
+    the role has a GPU, else ``cpu``; unset ``model``: the spec's checkpoint directory."""
     spec = owner.spec
     engine = spec.engine
-    role = engine.role_pod(pool.role, spec.gpu_resource_name)
+    settings = engine.role_pod(role, spec.gpu_resource_name)
+    if device is None:
+        device = "cuda" if settings.gpus_per_instance > 0 else "cpu"
     pod_settings = [
         # Peers and the router reach each replica at its own pod IP; Kubernetes expands
         # $(VAR) in args from the container's env (_pod_identity_env).
-        "--advertise-url", f"http://$(POD_IP):{ENGINE_PORT}",
+        "--advertise-url", f"http://$(POD_IP):{port}",
         # SIGTERM: leave routing, finish in-flight requests, then exit within the grace period
         "--drain-timeout", str(engine.drain_timeout_s),
     ]  # fmt: skip
     if spec.model.source.preset is not None:
         pod_settings += ["--preset", spec.model.source.preset]
     return ServeCommand(
-        model=model_dir(owner),
+        model=model or model_dir(owner),
         served_model_name=spec.model.name,
-        role=pool.role,
-        pool=pool.name,
-        instance_id="$(POD_NAME)",
+        role=role,
+        pool=pool_name,
+        instance_id=instance_id,
         host="0.0.0.0",
-        port=ENGINE_PORT,
+        port=port,
         router=router_args,
         dtype=spec.model.dtype,
-        device="cuda" if role.gpus_per_instance > 0 else "cpu",
+        device=device,
         settings=[*engine_settings(spec), *pod_settings],
-        budgets=plan_budget_flags(plan.budgets.get(pool.role)),
-        extra=role.extra_args,
+        budgets=plan_budget_flags(plan.budgets.get(role)),
+        extra=settings.extra_args,
     ).argv()
+
+
+def engine_args(owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]) -> list[str]:
+    """``epdctl serve`` arguments of a pool's pods."""
+    return serve_args(owner, plan, pool.role, pool.name, router_args)
 
 
 def _env(owner: Owner, tmp_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -232,47 +263,44 @@ def _volumes(owner: Owner, tmp_volume: dict[str, Any]) -> list[dict[str, Any]]:
     return [_model_volume(owner), {"name": "shm", "emptyDir": shm}, tmp_volume, *extra]
 
 
-def _pod_extras(owner: Owner, pool: PoolSpec, plan: Plan, pod_spec: dict[str, Any]) -> None:
-    """Pod-level settings passed through when set (left out otherwise); the affinity gets the
-    preference for cache partners' nodes (partner_affinity.py)."""
-    engine = owner.spec.engine
-    affinity = with_partner_affinity(engine.affinity, partner_terms(owner, plan, pool.role))
-    optional = {
-        "runtimeClassName": engine.runtime_class_name,
-        "priorityClassName": engine.priority_class_name,
-        "imagePullSecrets": pull_secrets(owner),
-        "affinity": affinity,
-        "topologySpreadConstraints": list(engine.topology_spread_constraints),
+def engine_probes(
+    check: Callable[[str], dict[str, Any]] = http_check, timeout_s: int = 5
+) -> dict[str, dict[str, Any]]:
+    """Readiness, liveness and start-up probes of an engine container; ``check(path)`` is how
+    one health path is probed (an HTTP GET on the engine's port by default)."""
+    return {
+        name: {
+            **check(path),
+            "periodSeconds": period_s,
+            "failureThreshold": failures,
+            "timeoutSeconds": timeout_s,
+        }
+        for name, path, period_s, failures in ENGINE_PROBES
     }
-    pod_spec.update({k: v for k, v in optional.items() if v})
 
 
-def engine_pod_template(
-    owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]
+def engine_container(
+    owner: Owner,
+    image: str,
+    args: list[str],
+    ports: list[dict[str, Any]],
+    probes: dict[str, dict[str, Any]],
+    container_resources: dict[str, Any],
 ) -> dict[str, Any]:
-    """The pool Deployment's ``spec.template``: metadata and pod spec."""
-    spec = owner.spec
-    engine = spec.engine
-    role = engine.role_pod(pool.role, spec.gpu_resource_name)
-    tmp_volume, tmp_mount, tmp_env = writable_tmp()
+    """The engine container: ``epdctl`` with ``args``, and what every engine container gets
+    (environment, mounts, security context)."""
+    engine = owner.spec.engine
+    _, tmp_mount, tmp_env = writable_tmp()
     container = {
         "name": "engine",
-        "image": role.image,
+        "image": image,
         "imagePullPolicy": engine.image_pull_policy,
         "command": ["epdctl"],
-        "args": engine_args(owner, pool, plan, router_args),
+        "args": args,
         "env": _env(owner, tmp_env),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "readinessProbe": probe("/health/ready", 5, 3),
-        "livenessProbe": probe("/health/live", 10, 6),
-        "startupProbe": probe("/health/live", 10, STARTUP_PROBE_FAILURES),
-        "resources": resources(
-            role.gpus_per_instance,
-            role.gpu_resource_name,
-            role.requests,
-            role.limits,
-            DEFAULT_ENGINE_RESOURCES,
-        ),
+        "ports": ports,
+        **probes,
+        "resources": container_resources,
         "securityContext": container_security_context(),
         "volumeMounts": [
             _model_mount(owner),
@@ -285,6 +313,21 @@ def engine_pod_template(
         container["envFrom"] = [
             e.model_dump(by_alias=True, exclude_defaults=True) for e in engine.env_from
         ]
+    return container
+
+
+def engine_pod(
+    owner: Owner,
+    container: dict[str, Any],
+    node_selector: dict[str, str],
+    tolerations: list[Toleration],
+    affinity: dict[str, Any] | None,
+    pool_labels: dict[str, str],
+) -> dict[str, Any]:
+    """A Deployment's ``spec.template`` around ``container``: the pod settings every engine
+    pod gets, the placement given, and the spec's pod-level settings where set."""
+    engine = owner.spec.engine
+    tmp_volume, _, _ = writable_tmp()
     pod_spec: dict[str, Any] = {
         "securityContext": pod_security_context(),
         "automountServiceAccountToken": False,  # engines never call the API server
@@ -293,9 +336,15 @@ def engine_pod_template(
         "terminationGracePeriodSeconds": engine.termination_grace_period_seconds,
         "enableServiceLinks": False,
     }
-    place(pod_spec, role.node_selector, role.tolerations)
-    _pod_extras(owner, pool, plan, pod_spec)
-    pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    place(pod_spec, node_selector, tolerations)
+    optional = {
+        "runtimeClassName": engine.runtime_class_name,
+        "priorityClassName": engine.priority_class_name,
+        "imagePullSecrets": pull_secrets(owner),
+        "affinity": affinity,
+        "topologySpreadConstraints": list(engine.topology_spread_constraints),
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(ENGINE_PORT),
@@ -309,3 +358,29 @@ def engine_pod_template(
         },
         "spec": pod_spec,
     }
+
+
+def engine_pod_template(
+    owner: Owner, pool: PoolSpec, plan: Plan, router_args: list[str]
+) -> dict[str, Any]:
+    """The pool Deployment's ``spec.template``: one ``epdctl serve`` of the pool's role, with
+    a preference for the nodes of its cache partners (partner_affinity.py)."""
+    spec = owner.spec
+    role = spec.engine.role_pod(pool.role, spec.gpu_resource_name)
+    container = engine_container(
+        owner,
+        role.image,
+        engine_args(owner, pool, plan, router_args),
+        [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        engine_probes(),
+        resources(
+            role.gpus_per_instance,
+            role.gpu_resource_name,
+            role.requests,
+            role.limits,
+            DEFAULT_ENGINE_RESOURCES,
+        ),
+    )
+    affinity = with_partner_affinity(spec.engine.affinity, partner_terms(owner, plan, pool.role))
+    pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}
+    return engine_pod(owner, container, role.node_selector, role.tolerations, affinity, pool_labels)

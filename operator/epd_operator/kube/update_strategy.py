@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from epd_engine.contracts.plan import Plan
-from epd_operator.rollout.pool_identity import Owner, PoolSpec, pool_specs
+from epd_operator.kube.group_pools import deployment_pools
+from epd_operator.rollout.pool_identity import Owner, PoolSpec
 
 SURGE_ONE = {"maxSurge": 1, "maxUnavailable": 0}
 DRAIN_ONE = {"maxSurge": 0, "maxUnavailable": 1}
@@ -28,7 +29,7 @@ DRAIN_ONE = {"maxSurge": 0, "maxUnavailable": 1}
 
 def surge_room(owner: Owner, plan: Plan) -> set[str]:
     """Pools of ``plan`` that may start one extra instance within ``gpuBudget``."""
-    pools = pool_specs(owner, plan)
+    pools = deployment_pools(owner, plan)
     room = owner.spec.gpu_budget - sum(p.gpus for p in pools)
     fits = set()
     for pool in pools:  # the method's role order

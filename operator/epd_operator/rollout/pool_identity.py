@@ -38,12 +38,15 @@ class Owner:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """One role pool of a plan, as the operator creates it."""
+    """One role pool of a plan, as the operator creates it; or, with ``members``, a pool of
+    placement groups (``kube/group_pools.py``): pods that each run one instance of every
+    member role. A group serves every stage, so its ``role`` is EPD."""
 
     name: str
     role: Role
     replicas: int
     gpus_per_instance: int
+    members: tuple[Role, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -92,16 +95,23 @@ def pool_identity(spec: EPDDeploymentSpec, role: Role) -> dict[str, Any]:
     }
 
 
+def role_identity(spec: EPDDeploymentSpec, plan: Plan, role: Role) -> dict[str, Any]:
+    """What one instance of ``role`` hashes into its pool's name: its settings and the plan's
+    budgets for it."""
+    key = {"role": role.value, "spec": pool_identity(spec, role)}
+    budgets = plan.budgets.get(role)
+    if budgets is not None:
+        key["budgets"] = budgets.model_dump()
+    return key
+
+
+def pool_spec(owner: Owner, plan: Plan, role: Role, replicas: int) -> PoolSpec:
+    """A pool of ``replicas`` instances of ``role`` under its deterministic name."""
+    key = {"replicas": replicas, **role_identity(owner.spec, plan, role)}
+    name = f"{base_name(owner)}-{role.value.lower()}-{content_digest(key)}"
+    return PoolSpec(name, role, replicas, owner.spec.engine.gpus_for(role))
+
+
 def pool_specs(owner: Owner, plan: Plan) -> list[PoolSpec]:
     """The pools of ``plan`` with their deterministic names, in the method's role order."""
-    spec = owner.spec
-    pools = []
-    for role in plan.method.roles:
-        replicas = plan.pools[role]
-        budgets = plan.budgets.get(role)
-        key = {"role": role.value, "replicas": replicas, "spec": pool_identity(spec, role)}
-        if budgets is not None:
-            key["budgets"] = budgets.model_dump()
-        name = f"{base_name(owner)}-{role.value.lower()}-{content_digest(key)}"
-        pools.append(PoolSpec(name, role, replicas, spec.engine.gpus_for(role)))
-    return pools
+    return [pool_spec(owner, plan, role, plan.pools[role]) for role in plan.method.roles]
