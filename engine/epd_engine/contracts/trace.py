@@ -5,7 +5,8 @@ bench`` and consumed by the profiler. Token counts are what the model sees: ``pr
 counts the prompt's non-image tokens as the server tokenizes them (chat template and BOS
 included, which is what the router records and ``epdctl bench`` reproduces exactly); each image
 carries its own ``tokens`` (e.g. 576 for LLaVA-1.5 at 336×336, HydraInfer), so a request's
-prefill length is ``total_prompt_tokens``.
+prefill length is ``total_prompt_tokens``. A multi-turn session's record counts its own
+message only (``TraceRecord.whole_prompt``).
 
 No torch here: the operator and the simulator import this module.
 """
@@ -69,8 +70,10 @@ class TraceRecord(BaseModel):
     # Set by the router's live trace: its ids name blocks of this many tokens over the whole
     # prompt as the server laid it out, images in place (``cache/trace_blocks.py``).
     hash_block_tokens: int | None = Field(default=None, ge=1)
-    # Multi-turn: records with the same id are one conversation's turns, in arrival order;
-    # a turn's ``prompt_tokens`` counts its own user message (``bench/sessions.py``).
+    # Multi-turn: records with the same id are one conversation's turns, in arrival order.
+    # A turn's ``prompt_tokens`` and ``images`` are its own message's (the session form
+    # ``epdctl bench`` replays, ``workload/sessions.py``, and AIPerf's Mooncake sessions);
+    # the server's prompt is the conversation so far, then that message (``whole_prompt``).
     session_id: str | None = None
     # Prompt tokens the serving instances' caches served (usage ``cached_tokens``: KV prefix
     # pages, images found encoded): the simulator starts the request's prefill after them.
@@ -89,8 +92,17 @@ class TraceRecord(BaseModel):
         return sum(image.tokens for image in self.images)
 
     @property
+    def whole_prompt(self) -> bool:
+        """Whether ``prompt_tokens`` and ``images`` are the whole prompt the server saw, as
+        the router records it; False for a session's turn in the session form, which counts
+        only its own message (``profiler/sim_sessions.py`` builds the whole prompt). A session
+        record with ``hash_block_tokens`` is whole: its ids name blocks over the whole prompt."""
+        return self.session_id is None or self.hash_block_tokens is not None
+
+    @property
     def total_prompt_tokens(self) -> int:
-        """Prefill length: text plus visual tokens."""
+        """Prefill length: text plus visual tokens (of the turn's own message where the
+        record is not ``whole_prompt``)."""
         return self.prompt_tokens + self.image_tokens
 
     @property

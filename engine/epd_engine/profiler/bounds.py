@@ -29,6 +29,7 @@ from epd_engine.contracts.plan import Budgets
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.sim_prefix import best_case_hits
+from epd_engine.profiler.sim_sessions import whole_prompts
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def stage_work(
 ) -> StageWork:
     """Work per request, given the budgets of the pools that run each stage."""
     cap = cost.capacity
+    records = whole_prompts(records)  # a session's later turns prefill the conversation
     num = max(1, len(records))
     # the engine's image budget: ``image_budget`` pages of tokens (LLaVA-1.5: that many images)
     image_batch_tokens = budgets[Stage.ENCODE].image_budget * cap.image_block_tokens

@@ -44,6 +44,7 @@ from epd_engine.profiler.placement import instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
+from epd_engine.profiler.sim_sessions import whole_prompts
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
 from epd_engine.scheduler.output import PullTask
@@ -119,8 +120,9 @@ class Simulator:
     def run(
         self, records: Sequence[TraceRecord], stop_on_failure: bool = False, seed: int = 0
     ) -> SimResult:
-        """``seed``: of the calibrated jitter's draws (same seed, same result)."""
-        return _Run(self, records, stop_on_failure, seed).execute()
+        """``seed``: of the calibrated jitter's draws (same seed, same result). A session's
+        turns are served as whole prompts (``sim_sessions.py``)."""
+        return _Run(self, whole_prompts(records), stop_on_failure, seed).execute()
 
 
 class _Run:

@@ -156,7 +156,7 @@ def test_fast_path_writes_answers_like_the_engine_scheduler(plan: Plan) -> None:
     sessions, turns, block = 6, 4, 512
     trace = [
         record.model_copy(update={
-            "images": (), "session_id": f"s{index % sessions}",
+            "images": (), "session_id": f"s{index % sessions}", "hash_block_tokens": block,
             "prompt_tokens": (index // sessions + 1) * block + 30,
             "hash_ids": tuple(100 * (index % sessions) + k for k in range(index // sessions + 1)),
         })

@@ -41,6 +41,8 @@ def _conversations(with_blocks: bool = True) -> list[TraceRecord]:
                     output_tokens=4,
                     hash_ids=blocks if with_blocks else None,
                     session_id=f"s{session}",
+                    # whole prompts with ids over them (no images: blocks from token 0)
+                    hash_block_tokens=HASH_BLOCK_TOKENS,
                 )
             )
     return records
