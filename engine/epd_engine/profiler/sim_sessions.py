@@ -56,59 +56,55 @@ class _Chain:
     def __init__(self) -> None:
         self._ids: dict[tuple[int, tuple[tuple[Label, int], ...]], int] = {}
 
-    def ids(self, runs: Sequence[tuple[Label, int]], block: int) -> tuple[int, ...]:
-        """Ids of the full ``block``-token blocks over ``runs``."""
-        ids: list[int] = []
-        pieces: list[tuple[Label, int]] = []
-        parent = filled = 0
-        for label, tokens in runs:
-            while tokens:
-                take = min(tokens, block - filled)
-                pieces.append((label, take))
-                tokens, filled = tokens - take, filled + take
-                if filled == block:
-                    key = (parent, tuple(pieces))
-                    parent = self._ids.setdefault(key, _FIRST_ID + len(self._ids))
-                    ids.append(parent)
-                    pieces, filled = [], 0
-        return tuple(ids)
+    def id(self, parent: int, pieces: Sequence[tuple[Label, int]]) -> int:
+        return self._ids.setdefault((parent, tuple(pieces)), _FIRST_ID + len(self._ids))
 
 
 @dataclass
 class _Conversation:
-    """One session so far: its runs of tokens, its images at their offsets, its text tokens."""
+    """One session so far: the ids of its full blocks, the runs of its last partial block,
+    its images at their offsets, its length and its text tokens."""
 
-    runs: list[tuple[Label, int]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    pieces: list[tuple[Label, int]] = field(default_factory=list)
     images: list[ImageRef] = field(default_factory=list)
+    length: int = 0
     text_tokens: int = 0
     turns: int = 0
-
-    @property
-    def length(self) -> int:
-        return sum(tokens for _, tokens in self.runs)
 
     def next_turn(self, record: TraceRecord, chain: _Chain) -> TraceRecord:
         """The whole prompt of ``record`` (this conversation's next turn); then its answer
         joins the conversation."""
-        session, turn = record.session_id, self.turns
-        cursor = self.length
+        session, turn = record.session_id or "", self.turns
         for image in record.images:
-            self.images.append(image.model_copy(update={"offset": cursor}))
-            self.runs.append((("image", image.hash), image.tokens))
-            cursor += image.tokens
-        self.runs += _text_runs(record, ("text", session or "", turn))
+            self.images.append(image.model_copy(update={"offset": self.length}))
+            self._append(("image", image.hash), image.tokens, chain)
+        for label, tokens in _text_runs(record, ("text", session, turn)):
+            self._append(label, tokens, chain)
         whole = record.model_copy(
             update={
                 "prompt_tokens": self.text_tokens + record.prompt_tokens,
                 "images": tuple(self.images),
-                "hash_ids": chain.ids(self.runs, SESSION_BLOCK_TOKENS),
+                "hash_ids": tuple(self.ids),
                 "hash_block_tokens": SESSION_BLOCK_TOKENS,
             }
         )
-        self.runs.append((("answer", session or "", turn), record.output_tokens))
+        self._append(("answer", session, turn), record.output_tokens, chain)
         self.text_tokens += record.prompt_tokens + record.output_tokens
         self.turns += 1
         return whole
+
+    def _append(self, label: Label, tokens: int, chain: _Chain) -> None:
+        """``tokens`` more of ``label``: each block they fill gets its id."""
+        self.length += tokens
+        filled = sum(count for _, count in self.pieces)
+        while tokens:
+            take = min(tokens, SESSION_BLOCK_TOKENS - filled)
+            self.pieces.append((label, take))
+            tokens, filled = tokens - take, filled + take
+            if filled == SESSION_BLOCK_TOKENS:
+                self.ids.append(chain.id(self.ids[-1] if self.ids else 0, self.pieces))
+                self.pieces, filled = [], 0
 
 
 def _text_runs(record: TraceRecord, own: Label) -> list[tuple[Label, int]]:
