@@ -73,10 +73,12 @@ class LeastLoaded:
     def choose(self, candidates: Sequence[InstanceLoad]) -> InstanceLoad:
         if not candidates:
             raise ValueError("no instance to choose from")
-        return min(
-            candidates,
-            key=lambda c: (c.queue_depth, -(c.free_kv_blocks + c.free_image_blocks), c.instance_id),
-        )
+        return min(candidates, key=load_order)
+
+
+def load_order(load: InstanceLoad) -> tuple[int, int, str]:
+    """``LeastLoaded``'s order, least first."""
+    return (load.queue_depth, -(load.free_kv_blocks + load.free_image_blocks), load.instance_id)
 
 
 def first_stage(has_images: bool) -> Stage:

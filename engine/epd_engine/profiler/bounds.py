@@ -143,13 +143,27 @@ def goodput_bound(
     overlap: float,
 ) -> float:
     """Upper bound on the plan's sustainable goodput (req/s); 0 when the SLO is out of reach."""
+    return capacity_bound(pools, role_work_s(method, work, slo, num_requests, overlap))
+
+
+def role_work_s(
+    method: Method, work: StageWork, slo: SLO, num_requests: int, overlap: float
+) -> dict[Role, float] | None:
+    """Each pool's busy seconds per request under ``method`` (``pool_work_s``), or None when
+    too many requests miss the SLO unloaded: the part of the bound every ratio shares."""
     allowed_misses = num_requests - int(np.ceil((slo.attainment - 1e-12) * num_requests))
     late = (work.min_ttft_s(method) > slo.ttft_s) | (work.min_tpot_s > slo.tpot_s)
     if int(np.sum(late)) > allowed_misses:
+        return None
+    return {role: pool_work_s(method, role, work, overlap) for role in method.roles}
+
+
+def capacity_bound(pools: dict[Role, int], work_s: dict[Role, float] | None) -> float:
+    """The fewest requests per second a pool of ``pools`` sustains, given ``role_work_s``."""
+    if work_s is None:
         return 0.0
     bound = float("inf")
-    for role in method.roles:
-        w = pool_work_s(method, role, work, overlap)
+    for role, w in work_s.items():
         if w > 0:
             bound = min(bound, pools[role] / w)
     return bound

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from epd_engine.config import SLO, Method, Role, Stage
 from epd_engine.contracts.plan import Budgets, Plan, Prediction
 from epd_engine.contracts.trace import TraceRecord
-from epd_engine.profiler.bounds import StageWork, goodput_bound, stage_work
+from epd_engine.profiler.bounds import StageWork, capacity_bound, role_work_s, stage_work
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
@@ -71,6 +71,7 @@ class Evaluator:
             role: derive_budgets(cost, role, slo) for role in Role
         }
         self._work: dict[Method, StageWork | None] = {}
+        self._role_work: dict[Method, dict[Role, float] | None] = {}
         self._runs: dict[tuple[Candidate, float], list[RequestResult]] = {}
         self.num_simulations = 0
 
@@ -84,13 +85,15 @@ class Evaluator:
         return self._work[method]
 
     def bound(self, candidate: Candidate) -> float:
-        work = self.work(candidate.method)
-        if work is None:
-            return 0.0
-        pools = candidate.pools
-        return goodput_bound(
-            candidate.method, pools, work, self.slo, len(self.records), self.cost.overlap
-        )
+        """``bounds.goodput_bound``, its per-method part computed once for every ratio."""
+        method = candidate.method
+        if method not in self._role_work:
+            work = self.work(method)
+            self._role_work[method] = None
+            if work is not None:
+                args = (self.slo, len(self.records), self.cost.overlap)
+                self._role_work[method] = role_work_s(method, work, *args)
+        return capacity_bound(candidate.pools, self._role_work[method])
 
     # ---- simulation -----------------------------------------------------------------------
     def plan(self, candidate: Candidate) -> Plan:

@@ -55,6 +55,8 @@ class SimInstance:
     # started before then share the process with it and push it back (``simulator``).
     front_until: float = 0.0
     front_index: int = -1  # the request whose front that is
+    # routing indexes (``sim_routing.IndexedPool``) to tell of a change: (set, position)
+    watchers: list[tuple[set[int], int]] = field(default_factory=list)
     _load: InstanceLoad | None = None
 
     @property
@@ -64,6 +66,8 @@ class SimInstance:
     def changed(self) -> None:
         """Its queues or pages changed: the next ``load()`` recomputes (cheap routing)."""
         self._load = None
+        for changed, position in self.watchers:
+            changed.add(position)
 
     def load(self) -> InstanceLoad:
         """What this instance's heartbeat would report to the router (exact, not stale)."""

@@ -27,15 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from epd_engine.config import SLO, Stage
-from epd_engine.contracts.affinity import Affinity, PrefixAffinity
-from epd_engine.contracts.node_locality import local_choice
+from epd_engine.contracts.affinity import PrefixAffinity
 from epd_engine.contracts.plan import Plan
-from epd_engine.contracts.routing_policy import (
-    InstanceLoad,
-    LeastLoaded,
-    RoutingPolicy,
-    entry_candidates,
-)
+from epd_engine.contracts.routing_policy import LeastLoaded, RoutingPolicy, first_stage
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
@@ -43,6 +37,7 @@ from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.placement import instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
+from epd_engine.profiler.sim_routing import ScannedPool, routing_pool
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.sim_sessions import whole_prompts
 from epd_engine.profiler.tracker import RequestTracker
@@ -93,6 +88,7 @@ class Simulator:
         host_cores: float | None = None,
         scheduler_kind: type[SimScheduler] = SimScheduler,
         instances_per_node: int | None = None,
+        indexed_routing: bool = True,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
         on one machine); an iteration stretches by busy instances / cores when oversubscribed,
@@ -101,8 +97,11 @@ class Simulator:
         scheduler code step by step (the reference the fast path is tested against).
         ``instances_per_node``: how many instances share a node (``placement.py``); a
         migration between nodes is charged ``cost.remote_migration`` and a source prefers a
-        target on its own node (``contracts/node_locality.py``). None: all on one node."""
+        target on its own node (``contracts/node_locality.py``). None: all on one node.
+        ``indexed_routing``: False reads every instance's load for every pick (the reference
+        ``sim_routing.IndexedPool`` is tested against)."""
         self.instances_per_node = instances_per_node
+        self.indexed_routing = indexed_routing
         self.scheduler_kind = scheduler_kind
         self.plan = plan
         self.cost = cost
@@ -160,15 +159,17 @@ class _Run:
         for inst, node in zip(self.instances, nodes, strict=True):
             inst.node = str(node)
         self.num_remote_pulls = 0
-        static = [i.load() for i in self.instances]
-        by_id = {i.instance_id: i for i in self.instances}
-        self.entry = {
-            has_images: [by_id[c.instance_id] for c in entry_candidates(static, has_images)]
-            for has_images in (False, True)
-        }
-        self.runners = {  # migration targets: instances whose role runs the stage
-            stage: [i for i in self.instances if i.role.runs(stage)] for stage in Stage
-        }
+        # migration targets: instances whose role runs the stage (one pool per set of them)
+        by_members: dict[tuple[int, ...], ScannedPool] = {}
+        self.runners: dict[Stage, ScannedPool] = {}
+        for stage in Stage:
+            members = [i for i in self.instances if i.role.runs(stage)]
+            key = tuple(i.index for i in members)
+            if key not in by_members:
+                by_members[key] = routing_pool(members, self.policy, sim.indexed_routing)
+            self.runners[stage] = by_members[key]
+        # where a request enters: the instances that run its first stage
+        self.entry = {images: self.runners[first_stage(images)] for images in (False, True)}
         self.jitter = Jitter(sim.cost.overheads, seed, cpu_share(sim.plan, sim.host_cores))
         self.sources: dict[tuple[int, str], int] = {}  # (target, request id) -> source index
         self.heap: list[tuple[float, int, int, int, str]] = []
@@ -259,20 +260,12 @@ class _Run:
         self.push(inst.front_until, _ARRIVE, index)
 
     def choose_entry(self, index: int, now: float) -> SimInstance | None:
-        candidates = self.entry[bool(self.records[index].images)]
-        if not candidates:
+        pool = self.entry[bool(self.records[index].images)]
+        if not pool.members:
             self.track.fail(index, now, f"plan {self.sim.plan.describe()} has no entry pool")
             return None
-        loads = [c.load() for c in candidates]
-        chosen, _ = self.choose(loads, affinity_key(self.records[index]))
-        return candidates[loads.index(chosen)]
-
-    def choose(self, loads: list[InstanceLoad], key: str | None) -> tuple[InstanceLoad, bool]:
-        """The policy's pick; True when it followed ``key``'s affinity."""
-        if isinstance(self.policy, PrefixAffinity):
-            chosen, outcome = self.policy.decide(loads, key)
-            return chosen, outcome is Affinity.FOLLOWED
-        return self.policy.choose(loads), False
+        chosen, _ = pool.choose(affinity_key(self.records[index]))
+        return chosen
 
     def arrive(self, index: int, now: float) -> None:
         """The request's front is done: it queues on its entry instance."""
@@ -388,15 +381,13 @@ class _Run:
     def hand_off(self, source: SimInstance, request_id: str, now: float) -> None:
         """Step 1: offer the request to the least-loaded target; it queues it on arrival."""
         request = source.scheduler.migrating[request_id]
-        targets = self.runners[request.next_stage]
-        loads = [t.load() for t in targets]
+        pool = self.runners[request.next_stage]
         # prefill and decode follow the conversation's pages (peers.py); images do not
         keyed = request.next_stage is not Stage.ENCODE
         prefix = affinity_key(self.records[int(request_id)]) if keyed else None
-        chosen, followed = self.choose(loads, prefix)
+        target, followed = pool.choose(prefix)
         if self.multi_node and not followed:  # a peer on the source's node, as peers.py
-            chosen = local_choice(loads, source.node, chosen) or chosen
-        target = targets[loads.index(chosen)]
+            target = pool.near(source.node, target) or target
         target.changed()
         target.num_incoming += 1
         key = f"{source.index}:{request_id}"
