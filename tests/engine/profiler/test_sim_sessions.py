@@ -7,6 +7,8 @@ prompt: a later turn prefilled only its new message, and nothing was shared betw
 
 from __future__ import annotations
 
+import pytest
+
 from epd_engine.config import SLO, Method, Role
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import ImageRef, TraceRecord
@@ -66,11 +68,16 @@ def test_conversations_share_no_blocks_and_a_second_reading_changes_nothing() ->
     assert whole_prompts(trace) is trace
 
 
-def test_a_later_turn_prefills_the_conversation_and_finds_the_earlier_turns_pages() -> None:
+@pytest.mark.parametrize("served", [IMAGE, 16], ids=["trace-image-tokens", "fewer-served"])
+def test_a_later_turn_prefills_the_conversation_and_finds_the_earlier_turns_pages(
+    served: int,
+) -> None:
+    """``served``: the cost model's tokens per image (the ids count the trace's)."""
     plan = Plan(method=Method.EPD, pools={Role.EPD: 1})
-    result = simulate(plan, _three_turns(), toy_cost_model(), SLO(ttft_s=60.0, tpot_s=10.0))
+    cost = toy_cost_model(tokens_per_image=served)
+    result = simulate(plan, _three_turns(), cost, SLO(ttft_s=60.0, tpot_s=10.0))
     assert all(r.ok for r in result.results)
-    prompts = [200, 200 + 20 + 40, 200 + 20 + 40 + 10 + 100 + 30]
+    prompts = [served + 100, served + 100 + 20 + 40, 2 * served + 100 + 20 + 40 + 10 + 30]
     assert result.prefix_queried_tokens == {Role.EPD.value: sum(prompts)}
     # turn t + 1 finds turn t's full pages: its prompt and answer (the last token is sampled,
     # not written)
