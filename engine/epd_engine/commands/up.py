@@ -290,6 +290,11 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"  reason: {loop.get('reason')}")
         if loop.get("cost_model"):
             print(f"  the profiler plans with: {loop['cost_model']}")
+        if isinstance(loop.get("decision"), dict):  # why the last re-plan decided (Auto)
+            from epd_operator.api.decision_status import PlanDecision
+            from epd_operator.planning.decision import describe_decision
+
+            print(f"  decision: {describe_decision(PlanDecision.model_validate(loop['decision']))}")
     print(f"{'POOL':<24}{'ROLE':<6}{'INSTANCES':>10}{'IN-FLIGHT':>11}  ACTIVE")
     for pool, info in sorted(pools["pools"].items()):
         active = "yes" if info["active"] else "draining"

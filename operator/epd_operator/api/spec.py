@@ -24,6 +24,7 @@ from pydantic import (
 from epd_engine.config import SLO, Method, Role
 from epd_engine.contracts.plan import Plan, Prediction
 from epd_engine.transfer import TransferBackendName
+from epd_operator.api.decision_status import PlanDecision
 from epd_operator.api.model_base import SpecModel, cel
 from epd_operator.api.placement import GROUP_RULES, PlacementSpec, check_groups
 from epd_operator.api.pod_fields import (
@@ -362,8 +363,9 @@ class CapacitySpec(_Model):
         default=20,
         ge=0,
         le=400,
-        description="The loop plans for the observed request rate plus this much: the fewest "
-        "GPUs whose simulated goodput at the SLO covers it.",
+        description="The loop plans for the forecast request rate (the trend of the trace "
+        "window projected over a rollout) plus this much: the fewest GPUs whose simulated "
+        "goodput at the SLO covers it.",
     )
     scale_down_stabilization_seconds: int = Field(
         default=300,
@@ -698,6 +700,16 @@ class EPDDeploymentStatus(_Model):
     )
     planned_on: WorkloadSnapshot | None = Field(
         default=None, description="Workload of the last re-plan (Auto mode)."
+    )
+    decision: PlanDecision | None = Field(
+        default=None,
+        description="Why the last re-plan decided what it did: rate seen, forecast, target, "
+        "plan, predicted goodput, GPUs (Auto mode).",
+    )
+    last_switch_milliseconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Decision to serving of the last plan change (the forecast's horizon).",
     )
 
 

@@ -26,7 +26,7 @@ from epd_operator.kube import manifests as r
 from epd_operator.kube import operator_metrics as metrics
 from epd_operator.kube.client import Kube
 from epd_operator.planning.choice import WorkloadStats
-from epd_operator.planning.plan_pass import PlanMemory, plan_pass
+from epd_operator.planning.plan_pass import PlanMemory, measure_switch, plan_pass
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -191,11 +191,14 @@ def reconcile(
             stats = with_live_attainment(stats, live)
         return (trace.records if trace is not None else None), stats
 
+    last_switch_ms = status.last_switch_milliseconds
     memory = PlanMemory(
         status.plan,
         _parse_ts(status.last_planned),
         _parse_ts(status.last_plan_change),
         status.planned_on,
+        None if last_switch_ms is None else last_switch_ms / 1000,
+        status.decision,
     )
     passed = plan_pass(
         spec,
@@ -232,6 +235,9 @@ def reconcile(
         checkpoint=checkpoint,
     )
     decision = outcome.status
+    memory = measure_switch(
+        memory, outcome.switched, outcome.state.active_pools, (d.name for d in desired), now
+    )
     # The router reads this at start: the routing every replica confirmed (None: all pools).
     kube.apply(r.render_configmap(owner, plan, sorted(outcome.state.active_pools)))
     kube.apply(r.render_router_deployment(owner))
@@ -261,5 +267,9 @@ def reconcile(
         last_planned=_ts(memory.last_planned) if memory.last_planned else "",
         last_plan_change=_ts(memory.last_change) if memory.last_change else "",
         planned_on=memory.planned_on,
+        decision=memory.decision,
+        last_switch_milliseconds=None
+        if memory.last_switch_s is None
+        else round(memory.last_switch_s * 1000),
     )
     return new.model_dump(mode="json", by_alias=True)

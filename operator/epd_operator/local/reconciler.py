@@ -21,7 +21,7 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local.pools import LocalEngines, LocalPools
 from epd_operator.planning.choice import WorkloadStats
-from epd_operator.planning.plan_pass import PlanMemory, plan_pass
+from epd_operator.planning.plan_pass import PlanMemory, measure_switch, plan_pass
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -55,6 +55,7 @@ class LocalStatus:
     active_pools: list[str]
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
     cost_model: str = ""  # what the profiler plans with (``cost_file.describe``)
+    decision: dict[str, Any] | None = None  # why the last re-plan decided (``PlanDecision``)
 
     @property
     def complete(self) -> bool:
@@ -70,6 +71,7 @@ class LocalStatus:
             "active_pools": self.active_pools,
             "pools": self.pools,
             "cost_model": self.cost_model,
+            "decision": self.decision,
         }
 
 
@@ -138,6 +140,9 @@ class LocalReconciler:
             self.post_event,
         )
         self.state = outcome.state
+        self.memory = measure_switch(
+            self.memory, outcome.switched, self.state.active_pools, (p.name for p in desired), now
+        )
         conditions = {
             k: (c.status, c.reason, c.message) for k, c in outcome.status.conditions.items()
         }
@@ -158,6 +163,9 @@ class LocalReconciler:
                 for p in self.pools.observe_pools().values()
             },
             cost_model=self.cost_label,
+            decision=None
+            if self.memory.decision is None
+            else self.memory.decision.model_dump(mode="json", by_alias=True),
         )
 
     def restart_dead(self) -> list[str]:

@@ -23,6 +23,8 @@ class WorkloadStats:
     mean_images: float | None = None
     mean_output_tokens: float | None = None
     slo_attainment: float | None = None  # share of requests meeting both SLOs
+    window_s: float | None = None  # the seconds the trace window covers (None: not a trace)
+    forecast_rps: float | None = None  # the rate expected once a plan serves (``forecast``)
 
 
 class PlanningError(RuntimeError):

@@ -11,13 +11,14 @@ what to remember. The rollout itself is ``rollout_driver.rollout_pass``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.conditions import ConditionState
+from epd_operator.api.decision_status import PlanDecision
 from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus, WorkloadSnapshot
 from epd_operator.planning.choice import (
     Planner,
@@ -27,6 +28,9 @@ from epd_operator.planning.choice import (
     replan_due,
     same_plan,
 )
+from epd_operator.planning.decision import decision_record
+from epd_operator.planning.forecast import Forecast, forecast_window
+from epd_operator.planning.horizon import rollout_horizon, switch_seconds
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -76,6 +80,8 @@ class PlanMemory:
     last_planned: datetime | None = None
     last_change: datetime | None = None
     planned_on: WorkloadSnapshot | None = None  # the workload the plan was made on
+    last_switch_s: float | None = None  # decision to serving, of the last switch measured
+    decision: PlanDecision | None = None  # why the last re-plan decided what it did
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,34 @@ class PlanPassResult:
     memory: PlanMemory
     note: ConditionState | None  # the ``Planned`` condition, when there is news
     planner_s: float | None  # the planner ran this long (None: it did not run)
+
+
+def measure_switch(
+    memory: PlanMemory,
+    switched: bool,
+    confirmed: Iterable[str],
+    plan_pools: Iterable[str],
+    now: datetime,
+) -> PlanMemory:
+    """``memory`` with the switch duration when this pass's rollout completed the plan (every
+    router replica confirmed exactly its pools): the next forecast's horizon."""
+    took = switch_seconds(switched, confirmed, plan_pools, memory.last_change, now)
+    return memory if took is None else replace(memory, last_switch_s=took)
+
+
+def with_forecast(
+    spec: EPDDeploymentSpec,
+    records: Sequence[TraceRecord] | None,
+    stats: WorkloadStats | None,
+    horizon_s: float,
+) -> tuple[WorkloadStats | None, Forecast | None]:
+    """``stats`` with the rate forecast for ``horizon_s`` past the window (an elastic plan is
+    sized for it), and the forecast; unchanged without a trace window."""
+    if records is None or stats is None or not stats.window_s:
+        return stats, None
+    hold_s = spec.capacity.scale_down_stabilization_seconds
+    forecast = forecast_window([r.arrival_s for r in records], stats.window_s, horizon_s, hold_s)
+    return replace(stats, forecast_rps=forecast.forecast_rps), forecast
 
 
 def plan_pass(
@@ -107,9 +141,12 @@ def plan_pass(
     since_plan = since(last_planned)
     planned_on = from_snapshot(memory.planned_on) if memory.planned_on else None
     stats: WorkloadStats | None = None
+    forecast: Forecast | None = None
+    horizon_s, horizon_source = rollout_horizon(memory.last_switch_s)
     planner: Planner = heuristic_planner
     if replan_due(spec, memory.plan, since_plan):  # Auto only; the window is read only then
         records, stats = read_workload()
+        stats, forecast = with_forecast(spec, records, stats, horizon_s)
         planner = auto_planner(
             records,
             cost_source,
@@ -123,6 +160,9 @@ def plan_pass(
     )
     planner_s = time.perf_counter() - started if choice.ran else None
     plan, plan_status, new_planned_on = choice.plan, memory.plan, memory.planned_on
+    decision = memory.decision
+    if choice.ran or choice.note is not None:
+        decision = decision_record(spec, now, choice.note, plan, stats, forecast, horizon_source)
     if choice.ran:
         last_planned = now
         new_planned_on = snapshot(stats) if stats is not None else None
@@ -145,5 +185,6 @@ def plan_pass(
         last_planned=last_planned,
         last_change=last_change,
         planned_on=new_planned_on,
+        decision=decision,
     )
     return PlanPassResult(plan_status.to_plan(), new, choice.note, planner_s)

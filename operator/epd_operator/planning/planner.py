@@ -93,6 +93,7 @@ def workload_stats(
         mean_images=_mean([r.num_images for r in records]),
         mean_output_tokens=_mean([r.output_tokens for r in records]),
         slo_attainment=attainment,
+        window_s=window_s,
     )
 
 
@@ -175,7 +176,7 @@ def profiler_proposal(
         num_instances, result = sized.num_instances, sized.result
         short = "" if sized.covers else ", the most allowed, short of it"
         sizing = (
-            f"; {num_instances} instances for {target_rps:.3g} rps (rate x headroom{short}; "
+            f"; {num_instances} instances for {target_rps:.3g} rps (forecast x headroom{short}; "
             f"{sized.num_searches} sizes searched in [{low}, {high}])"
         )
     else:
@@ -334,11 +335,12 @@ def bounded_profiler_plan(
 
 
 def target_rate(spec: EPDDeploymentSpec, stats: WorkloadStats | None) -> float | None:
-    """The rate an elastic capacity is sized for: the window's rate plus the headroom (None:
-    a fixed size, or no rate measured)."""
+    """The rate an elastic capacity is sized for: the forecast rate (``plan_pass`` sets it;
+    unset: the window's rate) plus the headroom (None: a fixed size, or no rate measured)."""
     if not is_elastic(spec) or stats is None:
         return None
-    return stats.request_rate_rps * (1 + spec.capacity.headroom_percent / 100)
+    rate = stats.forecast_rps if stats.forecast_rps is not None else stats.request_rate_rps
+    return rate * (1 + spec.capacity.headroom_percent / 100)
 
 
 def auto_planner(

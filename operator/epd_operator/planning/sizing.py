@@ -1,5 +1,5 @@
 """Elastic capacity: the fewest instances whose best plan's simulated goodput covers a target
-rate (``spec.capacity``: the observed rate times the headroom).
+rate (``spec.capacity``: the forecast rate times the headroom; ``forecast``).
 
 The plan search runs for one instance count at a time; this binary-searches the count in the
 allowed range, taking the best goodput as non-decreasing in instances (one more instance in
