@@ -242,3 +242,10 @@ def deployment_id() -> str:
     instances prove it on registration so a stale process of an earlier run is refused.
     Empty: not checked."""
     return env_str("DEPLOYMENT_ID", "")
+
+
+def placement_group() -> str:
+    """``EPD_GROUP``: the placement group this instance is a member of, set by ``epdctl
+    group`` for its members (one pod); the router's table carries it so a source hands a
+    request to a peer of its own group first. Empty: not in a group."""
+    return env_str("GROUP", "")

@@ -228,6 +228,14 @@ class Metrics:
             (*_BASE, "outcome"),
             registry=r,
         )
+        self.handoffs = Counter(
+            "epd_handoffs_total",
+            "Requests this instance handed to the next stage's instance, by cache kind and "
+            "where that instance runs: group (this placement group, one pod: shm or CUDA IPC), "
+            "node (this machine), remote.",
+            (*_BASE, "kind", "locality"),
+            registry=r,
+        )
         self.requests = Counter(
             "epd_requests_total",
             "Finished requests by outcome.",

@@ -11,6 +11,10 @@ The supervisor is what the pod runs: SIGTERM (or SIGINT) goes to every member, w
 and exits; when any member exits on its own, the others are stopped and the group exits
 with that member's status, so the kubelet restarts the pod as a whole (a member alone would
 come back with a cache its partners no longer know).
+
+Members register with the group's name (``EPD_GROUP``; default the host name, in a pod the
+pod's, and the supervisor's pid), so their sources hand requests to peers of the same group
+first (``contracts/group_locality.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one member's `epdctl serve` arguments, shell-quoted (repeat per member)",
     )
     p.add_argument(
+        "--name",
+        default=f"{socket.gethostname()}-{os.getpid()}",
+        help="the group's name its members register with (default: host name and pid)",
+    )
+    p.add_argument(
         "--stop-timeout", type=float, default=60.0, help="seconds members get to drain (s)"
     )
     p.set_defaults(func=run)
@@ -59,11 +69,12 @@ def member_commands(members: list[str]) -> list[list[str]]:
 
 
 class Group:
-    def __init__(self, commands: list[list[str]], stop_timeout_s: float) -> None:
+    def __init__(self, commands: list[list[str]], stop_timeout_s: float, name: str = "") -> None:
         self.stop_timeout_s = stop_timeout_s
         self.stopping = False
+        group = {"EPD_GROUP": name} if name else {}
         self.members = [
-            subprocess.Popen(cmd, env={**os.environ, "EPD_GROUP_MEMBER": str(i)})
+            subprocess.Popen(cmd, env={**os.environ, **group, "EPD_GROUP_MEMBER": str(i)})
             for i, cmd in enumerate(commands)
         ]
 
@@ -100,7 +111,7 @@ class Group:
 
 
 def run(args: argparse.Namespace) -> int:
-    group = Group(member_commands(args.member), args.stop_timeout)
+    group = Group(member_commands(args.member), args.stop_timeout, args.name)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         group.stopping = True

@@ -35,6 +35,9 @@ class InstanceLoad:
     # the machine it runs on (its kernel's boot id, contracts/host.py): peers on
     # one node exchange caches through shared memory (contracts/node_locality.py). "": unknown
     node: str = ""
+    # the placement group it is a member of (``epdctl group``: one pod, whose members hand
+    # caches over through shared memory or CUDA IPC; contracts/group_locality.py). "": none
+    group: str = ""
 
     @property
     def queue_depth(self) -> int:
@@ -46,6 +49,8 @@ class InstanceLoad:
             del data["draining"]
         if not self.node:
             del data["node"]
+        if not self.group:
+            del data["group"]
         if not self.unhealthy_reason:
             del data["unhealthy_reason"]
         return data

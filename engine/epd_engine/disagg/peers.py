@@ -1,11 +1,12 @@
 """The other instances, as migration sees them (DESIGN.md §4, "Router").
 
 The router link's heartbeats bring back the router's table of active instances: a source
-offers each hand-off to an instance of the request's next stage that takes it -- for prefill
-and decode the one its affinity key prefers, within a load bound (``contracts/affinity.py``:
-it holds the conversation's earlier pages), else and for images the least-loaded one on the
-source's node within a bound (``contracts/node_locality.py``: shared memory, not the network),
-else the least loaded.
+offers each hand-off to an instance of the request's next stage that takes it -- a peer in
+its own placement group (one pod) within a load bound (``contracts/group_locality.py``),
+else for prefill and decode the one its affinity key prefers, within a load bound
+(``contracts/affinity.py``: it holds the conversation's earlier pages), else and for images
+the least-loaded one on the source's node within a bound (``contracts/node_locality.py``:
+shared memory, not the network), else the least loaded.
 A target's transfer backend connects to each source it pulls from once (on the first pull);
 a source that leaves the table has its connection dropped, and the source side is told who
 is alive (it frees what it parked for a target that died before pulling).
@@ -21,8 +22,8 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from epd_engine.config import Stage
-from epd_engine.contracts.affinity import Affinity, PrefixAffinity
-from epd_engine.contracts.node_locality import local_choice
+from epd_engine.contracts.affinity import PrefixAffinity
+from epd_engine.contracts.group_locality import choose_handoff, locality
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import RouterPort
 from epd_engine.metrics import Metrics
@@ -61,15 +62,19 @@ class Peers:
         loaded) that takes it; None if none does."""
         candidates = await self.targets(stage)
         key = offer.routing.affinity_key if stage is not Stage.ENCODE else None
+        me = self.link.identity
         while candidates:
-            target, affinity = self.policy.decide(candidates, key)
-            if affinity is not Affinity.FOLLOWED:  # no cached prefix to follow: stay on the node
-                target = local_choice(candidates, self.link.identity.node, target) or target
-            if self.metrics is not None:
+            target, affinity = choose_handoff(self.policy, candidates, key, me)
+            if self.metrics is not None and affinity is not None:
                 labels = self.metrics.labels
                 self.metrics.affinity.labels(**labels, outcome=affinity.value).inc()
             candidates.remove(target)
             if await self._send_offer(target, offer):
+                if self.metrics is not None:
+                    where = locality(me, target).value
+                    self.metrics.handoffs.labels(
+                        **self.metrics.labels, kind=offer.kind.value, locality=where
+                    ).inc()
                 return target
         return None
 

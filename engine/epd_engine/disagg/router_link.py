@@ -122,6 +122,7 @@ class RouterLink:
             unhealthy_reason=engine.health.check() or "",
             draining=self.draining,
             node=self.identity.node,
+            group=self.identity.group,
         )
 
     # --- replicas coming and going ----------------------------------------------------------

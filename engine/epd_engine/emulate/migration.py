@@ -3,8 +3,9 @@ plane's time taken from the cost model (DESIGN.md §4, four steps).
 
 What is real: the messages and routes (``MigrationOffer`` to ``POST /internal/migrations``
 of the target, ``POST /internal/migrations/{id}/release`` back to the source), the target
-choice (the engine's policy: the affinity key's instance within a load bound, else one on
-this node, else the least loaded; ``contracts/affinity.py``, ``node_locality.py``), the
+choice (the engine's policy: one in this placement group within a load bound, else the
+affinity key's instance within a load bound, else one on this node, else the least loaded;
+``contracts/group_locality.py``), the
 page accounting on both sides (the source's pages held until the release; the target's
 scheduler allocates pages and issues the ``PullTask``, prefix pages it holds are not
 pulled), the router's hand-over (the target announces itself, then reports the migration's
@@ -30,9 +31,9 @@ from fastapi import APIRouter, Depends, Request
 
 from epd_engine.api.auth import require_token
 from epd_engine.config import Stage
-from epd_engine.contracts.affinity import Affinity, PrefixAffinity
+from epd_engine.contracts.affinity import PrefixAffinity
 from epd_engine.contracts.errors import ClientError
-from epd_engine.contracts.node_locality import local_choice
+from epd_engine.contracts.group_locality import choose_handoff, locality
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.engine import EmulatedEngine
@@ -138,12 +139,13 @@ class EmulatedMigration:
         """Offer to the instance of ``stage`` the engine's policy picks that takes it."""
         candidates = await self._targets(stage)
         key = offer.routing.affinity_key if stage is not Stage.ENCODE else None
+        me = self.link.identity
         while candidates:
-            target, affinity = self.policy.decide(candidates, key)
-            if affinity is not Affinity.FOLLOWED:  # no cached prefix to follow: stay on the node
-                target = local_choice(candidates, self.link.identity.node, target) or target
+            target, _ = choose_handoff(self.policy, candidates, key, me)
             candidates.remove(target)
             if await self._send_offer(target, offer):
+                m, where = self.metrics.metrics, locality(me, target).value
+                m.handoffs.labels(**m.labels, kind=offer.kind.value, locality=where).inc()
                 return target
         return None
 

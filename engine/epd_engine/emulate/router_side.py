@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from epd_engine.api.auth import require_token
 from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.cache.trace_blocks import TRACE_BLOCK_TOKENS, trace_hash_ids
-from epd_engine.config import Role, internal_token
+from epd_engine.config import Role, internal_token, placement_group
 from epd_engine.contracts.errors import ClientError
 from epd_engine.contracts.host import host_id
 from epd_engine.contracts.routing_policy import InstanceLoad
@@ -46,6 +46,7 @@ def connect(
         role=role,
         pool=pool,
         node=host_id(),
+        group=placement_group(),
     )
     directory = RouterDirectory(split_urls([router_url]))
     link = RouterLink(directory, identity, http, internal_token(), token_text=token_text)

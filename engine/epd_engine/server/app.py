@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from epd_engine.api.errors import install_error_handlers
 from epd_engine.api.limits import BodySizeLimit
 from epd_engine.api.logprobs import token_text_of
-from epd_engine.config import EngineConfig, internal_token
+from epd_engine.config import EngineConfig, internal_token, placement_group
 from epd_engine.contracts.host import host_id
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import AsyncEngineHooks
@@ -131,6 +131,7 @@ def _connect_router(
         role=settings.engine.role,
         pool=settings.pool,
         node=host_id(),  # peers on this machine get our caches through shared memory
+        group=placement_group(),  # peers in our pod (epdctl group) get them first
     )
     token = internal_token()
     token_text = token_text_of(state.processor.tokenizer)

@@ -17,6 +17,8 @@ from epd_engine.config import Role, Stage
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg import peers
 from epd_engine.disagg.peers import Peers
+from epd_engine.metrics import Metrics
+from epd_engine.request import CacheKind
 
 ME = InstanceLoad(instance_id="e-0", url="http://e-0", role=Role.E, pool="e")
 PD = InstanceLoad(instance_id="pd-0", url="http://pd-0", role=Role.PD, pool="pd")
@@ -81,3 +83,40 @@ async def test_a_hand_off_goes_to_a_peer_on_the_source_node_unless_it_is_busier(
         target = await source.place(offer, Stage.PREFILL)
         assert target is not None and target.instance_id == expected
     assert offered == ["pd-1", "pd-0"]
+
+
+async def test_a_hand_off_stays_in_the_group_until_its_peer_is_beyond_the_bound() -> None:
+    """contracts/group_locality.py in the source's choice, counted by locality: group A's P
+    over group B's equally idle one (which sorts first), B's once A's has a request waiting
+    while B's would run it now."""
+    me = InstanceLoad(
+        instance_id="e-a", url="http://e-a", role=Role.E, pool="e", node="boot", group="a"
+    )
+
+    def p(name: str, group: str, waiting: int = 0) -> InstanceLoad:
+        return InstanceLoad(
+            instance_id=name, url=f"http://{name}", role=Role.P, pool="p", num_waiting=waiting,
+            node="boot", group=group,
+        )  # fmt: skip
+
+    async def take(target: InstanceLoad, offer: Any) -> bool:
+        return True
+
+    metrics = Metrics("m", "E", "e")
+    offer: Any = SimpleNamespace(routing=SimpleNamespace(affinity_key=None), kind=CacheKind.IMAGE)
+    chosen = []
+    for mine in (p("p-a", "a"), p("p-a", "a", waiting=1)):
+        link = SimpleNamespace(identity=me, instances=[me, p("p-b", "b"), mine], heartbeat_s=0.05)
+        source = Peers(link, backend=None, http=None, token="t", metrics=metrics)  # type: ignore[arg-type]
+        source._send_offer = take  # type: ignore[method-assign]
+        target = await source.place(offer, Stage.PREFILL)
+        assert target is not None
+        chosen.append(target.instance_id)
+    assert chosen == ["p-a", "p-b"]
+    counted = {
+        where: metrics.registry.get_sample_value(
+            "epd_handoffs_total", {**metrics.labels, "kind": "image", "locality": where}
+        )
+        for where in ("group", "node")
+    }
+    assert counted == {"group": 1.0, "node": 1.0}
