@@ -12,6 +12,11 @@ EPD has no migration at all. It reports, per method and rate, the relative error
 and p90 TPOT (per-request p90 gap, the SLO quantity), the mean seconds per stage real vs
 simulated (where the error comes from), and whether the goodput ranking of the methods
 agrees. Vidur's class is < 10% latency error; we report what we get.
+
+``--workload multiturn`` replays conversations instead (``workload/conversations.py``:
+sessions of 2-4 turns, some with images; the engines' prefix cache on, as by default), so
+the simulator's prefix and answer-page model meets the real caches; each point then also
+holds the prompt tokens the caches served, real (usage ``cached_tokens``) and simulated.
 """
 
 from __future__ import annotations
@@ -37,14 +42,15 @@ from epd_engine.bench.report import (
 )
 from epd_engine.bench.results_file import write_results
 from epd_engine.bench.sweep_merge import merge_sweeps
-from epd_engine.config import SLO
+from epd_engine.config import SLO, Stage
 from epd_engine.contracts.plan import Budgets, Plan
-from epd_engine.contracts.trace import read_trace, summarize_trace
+from epd_engine.contracts.trace import read_trace, summarize_trace, write_trace
 from epd_engine.profiler.calibrate import calibrate
 from epd_engine.profiler.cost_model import FittedCostModel, load_cost_model, save_cost_model
 from epd_engine.profiler.simulator import cpu_share, simulate
 from epd_engine.slo.goodput import sweep
 from epd_engine.slo.outcomes import LatencyStats, RequestResult
+from epd_engine.workload import conversations
 from epd_engine.workload.arrivals import at_rate
 
 MANIFESTS = {
@@ -131,10 +137,13 @@ def run_real(
         return load_report(out)
     sh(*EPDCTL, "up", "-f", manifest, "--port", str(args.port), "--detach",
        "--runs-dir", str(args.runs_dir), "--model-dir", str(args.model_dir))  # fmt: skip
+    # Warm-up sends the trace's first turns: their pages would then be cached before the
+    # run, which the simulator does not see (``--workload multiturn`` warms up with none).
+    warmup = "0" if args.workload == conversations.NAME else "2"
     try:
         sh(*EPDCTL, "bench", "--endpoint", f"http://127.0.0.1:{args.port}/v1",
            "--trace", str(args.trace_path), "--sweep", rates or args.rates, "--no-progress",
-           "--warmup", "2",  # first kernels and connections: not what a request costs
+           "--warmup", warmup,  # first kernels and connections: not what a request costs
            "--tokenizer", str(args.model_dir),  # token-exact prompts, as the simulator counts
            "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot),
            "--label", name, "--out", str(out))  # fmt: skip
@@ -164,16 +173,31 @@ def run_interleaved(methods: list[str], args: argparse.Namespace) -> None:
         write_report(merged, args.results / f"real-{slug}.json")
 
 
+def prefill_hits(plan: Plan, hit_tokens: dict[str, int]) -> int:
+    """Prompt tokens the prefill pools' prefix caches served (a decode pool's count is the
+    pages it need not pull, not usage ``cached_tokens``)."""
+    return sum(
+        hit_tokens.get(role.value, 0) for role in plan.method.roles if role.runs(Stage.PREFILL)
+    )
+
+
+def real_cached_tokens(results: list[RequestResult]) -> int:
+    return sum(r.server_cached_tokens or 0 for r in results if r.ok)
+
+
 def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Path) -> dict:
     records = read_trace(args.trace_path)
     slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     rates = [float(r) for r in args.rates.split(",")]
     cores = args.host_cores or None
 
+    hits: dict[str, int] = {}  # rate -> prompt tokens the prefill pools' caches served
+
     def run(rate: float, seed: int = 0) -> list[RequestResult]:
-        return simulate(
-            plan, at_rate(records, rate), cost, slo, host_cores=cores, seed=seed
-        ).results
+        result = simulate(plan, at_rate(records, rate), cost, slo, host_cores=cores, seed=seed)
+        if seed == 0:
+            hits[f"{rate:g}"] = prefill_hits(plan, result.prefix_hit_tokens)
+        return result.results
 
     search = sweep(run, rates, slo)
     # A p90 of 40 simulated requests moves with the jitter's draws as much as a real one with
@@ -184,7 +208,8 @@ def run_sim(plan: Plan, cost: FittedCostModel, args: argparse.Namespace, out: Pa
     report = build_report(
         label=f"sim {plan.describe()}", slo=slo, trace=summarize_trace(records), summary=None,
         search=search, mode="sweep", endpoint="simulator",
-        extra={"plan": plan.model_dump(mode="json"), "p90_by_seed": seeds},
+        extra={"plan": plan.model_dump(mode="json"), "p90_by_seed": seeds,
+               "cached_tokens_by_rate": hits},
     )  # fmt: skip
     write_report(report, out)
     return report
@@ -194,7 +219,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # E+P+D calibrates: its run shows every overhead, migrations included (docs/planning.md)
     parser.add_argument("--methods", default="E+P+D,EPD,EP+D", help="the first calibrates")
-    parser.add_argument("--workload", default="textcaps")
+    parser.add_argument(
+        "--workload",
+        default="textcaps",
+        help=f"a generator's shape, or {conversations.NAME!r}: sessions of 2-4 turns",
+    )
     parser.add_argument("--num", type=int, default=40)
     parser.add_argument("--rates", default="1,2,4", help="sweep rates, req/s")
     parser.add_argument("--slo-ttft", type=float, default=1.0)
@@ -237,8 +266,14 @@ def main() -> None:
     cost = load_cost_model(cost_path)
     args.cost_path = cost_path
     args.trace_path = args.results / "trace.jsonl"
-    sh(*EPDCTL, "trace", "generate", "--workload", args.workload, "--num", str(args.num),
-       "--rate", "1", "--seed", "0", "-o", str(args.trace_path))  # fmt: skip
+    if args.workload == conversations.NAME:
+        write_trace(conversations.conversations(args.num, seed=0), args.trace_path)
+        # a fresh system per rate: a sweep replays the same conversations at every rate, and
+        # the pages one rate left cached would serve the next (each simulation starts empty)
+        args.interleave = True
+    else:
+        sh(*EPDCTL, "trace", "generate", "--workload", args.workload, "--num", str(args.num),
+           "--rate", "1", "--seed", "0", "-o", str(args.trace_path))  # fmt: skip
 
     rows = []
     started = time.perf_counter()
@@ -280,7 +315,12 @@ def main() -> None:
                 s["ttft_p90_s_by_seed"] = [t for t, _ in by_seed]
                 s["tpot_p90_s_by_seed"] = [p for _, p in by_seed]
             if rate in real_results:
-                r = {**r, "p90_80pct_interval": bootstrap_p90(real_results[rate])}
+                r = {
+                    **r,
+                    "p90_80pct_interval": bootstrap_p90(real_results[rate]),
+                    "cached_tokens": real_cached_tokens(real_results[rate]),
+                }
+            s["cached_tokens"] = sim.get("cached_tokens_by_rate", {}).get(f"{rate:g}")
             points.append({
                 "rate_rps": rate, "real": r, "sim": s,
                 "ttft_p90_rel_error": rel_error(s.get("ttft_p90_s", 0.0), r["ttft_p90_s"]),
