@@ -62,8 +62,9 @@ def describe_decision(d: PlanDecision) -> str:
     seen = f"rate seen {d.rate_seen_rps or '?'} rps"
     if d.forecast_rps:
         seen += (
-            f", forecast {d.forecast_rps} rps {d.horizon_seconds} s ahead ({d.horizon_source} "
-            f"switch time; {d.forecast_rule}; trend {d.trend_rps_per_minute} rps/min)"
+            f", forecast {d.forecast_rps} rps {d.horizon_seconds} s ahead (horizon: "
+            f"{d.horizon_source}; set by: {d.forecast_rule}; trend {d.trend_rps_per_minute} "
+            "rps/min)"
         )
     if d.target_rps:
         seen += f", target {d.target_rps} rps (x headroom)"
