@@ -60,10 +60,10 @@ def stage_work(
     cap = cost.capacity
     records = whole_prompts(records)  # a session's later turns prefill the conversation
     num = max(1, len(records))
+    image_budget, token_budget = work_budgets(budgets)
     # the engine's image budget: ``image_budget`` pages of tokens (LLaVA-1.5: that many images)
-    image_batch_tokens = budgets[Stage.ENCODE].image_budget * cap.image_block_tokens
+    image_batch_tokens = image_budget * cap.image_block_tokens
     lm = cost.language
-    token_budget = budgets[Stage.PREFILL].token_budget
     pf_per_token = (lm.fixed_s + lm.per_token_s * max(token_budget, lm.knee_tokens)) / token_budget
     kv_tokens = cap.num_kv_blocks * cap.kv_block_size
 
@@ -109,6 +109,11 @@ def stage_work(
         floors[3],
         max_output_tokens=max((r.output_tokens for r in records), default=1),
     )
+
+
+def work_budgets(budgets: dict[Stage, Budgets]) -> tuple[int, int]:
+    """All ``stage_work`` reads of the budgets: methods that agree on these share its result."""
+    return budgets[Stage.ENCODE].image_budget, budgets[Stage.PREFILL].token_budget
 
 
 def _encode_per_token(cost: FittedCostModel, batch_tokens: int) -> float:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from epd_engine.config import SLO, Method, Role, Stage
 from epd_engine.contracts.plan import Budgets, Plan, Prediction
 from epd_engine.contracts.trace import TraceRecord
-from epd_engine.profiler.bounds import StageWork, capacity_bound, role_work_s, stage_work
+from epd_engine.profiler.bounds import (
+    StageWork,
+    capacity_bound,
+    role_work_s,
+    stage_work,
+    work_budgets,
+)
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
@@ -56,9 +62,11 @@ class Evaluator:
         slo: SLO,
         rel_tolerance: float = 0.05,
         instances_per_node: int | None = None,
+        grouped: bool = False,
     ) -> None:
         """``instances_per_node``: how many instances share a node; migrations between nodes
-        are charged ``cost.remote_migration`` (``profiler/placement.py``). None: one node."""
+        are charged ``cost.remote_migration`` (``profiler/placement.py``). None: one node.
+        ``grouped``: one pod per slice of each plan (``Simulator``'s ``grouped``)."""
         if not records:
             raise ValueError("the trace is empty: nothing to plan for")
         self.records = list(records)
@@ -66,11 +74,13 @@ class Evaluator:
         self.slo = slo
         self.rel_tolerance = rel_tolerance
         self.instances_per_node = instances_per_node
+        self.grouped = grouped
         self.grid = RateGrid(step=rel_tolerance)
         self.budgets: dict[Role, Budgets | None] = {
             role: derive_budgets(cost, role, slo) for role in Role
         }
         self._work: dict[Method, StageWork | None] = {}
+        self._work_by_budgets: dict[tuple[int, int], StageWork] = {}  # methods that agree
         self._role_work: dict[Method, dict[Role, float] | None] = {}
         self._runs: dict[tuple[Candidate, float], list[RequestResult]] = {}
         self.num_simulations = 0
@@ -80,8 +90,14 @@ class Evaluator:
         if method not in self._work:
             by_stage = {stage: self.budgets[method.role_for(stage)] for stage in Stage}
             known = {s: b for s, b in by_stage.items() if b is not None}
-            feasible = len(known) == len(by_stage)
-            self._work[method] = stage_work(self.records, self.cost, known) if feasible else None
+            if len(known) < len(by_stage):
+                self._work[method] = None
+            else:
+                key = work_budgets(known)
+                if key not in self._work_by_budgets:
+                    work = stage_work(self.records, self.cost, known)
+                    self._work_by_budgets[key] = work
+                self._work[method] = self._work_by_budgets[key]
         return self._work[method]
 
     def bound(self, candidate: Candidate) -> float:
@@ -108,6 +124,7 @@ class Evaluator:
                 self.cost,
                 self.slo,
                 instances_per_node=self.instances_per_node,
+                grouped=self.grouped,
             )
             result = simulator.run(at_rate(self.records, rate_rps), stop_on_failure=True)
             self.num_simulations += 1
