@@ -122,3 +122,12 @@ def test_a_rising_rate_is_sized_for_its_forecast_and_the_status_says_why(
     rollout.switch = True
     loop.reconcile(spec, T0 + timedelta(seconds=40))
     assert loop.memory.last_switch_s == 40.0
+
+    # the rate goes on rising: the next re-plan looks 40 s ahead and scales up for it
+    loop.router = FakeRouter(ramp(12.0, 24.0, seed=1))  # type: ignore[assignment]
+    rollout.switch = False
+    status = loop.reconcile(spec, T0 + timedelta(seconds=400))
+    why = status.to_json()["decision"]
+    assert why["horizonSeconds"] == 40 and why["horizonSource"] == "last switch"
+    assert float(why["forecastRps"]) == pytest.approx(24.0 + 12.0 / SPAN_S * 45.0, rel=0.1)
+    assert why["outcome"] == "ScaledUp" and why["instances"] == 3  # 2 serve 29.0 rps
