@@ -290,6 +290,14 @@ class FittedCostModel:
         moved = replace(self, migration=self.migration.over(link), transfer_backend=name)
         return moved.across_nodes(self.links.get(NETWORK_LINK))
 
+    def for_groups(self, backend: str) -> FittedCostModel:
+        """Placement groups: ``migration`` over the in-pod link (one host: ``shm`` for
+        ``auto``), ``remote_migration`` over the cross-pod one (``tcp``); the simulator
+        charges each hand-off by whether its pair shares a group (``instance_groups``)."""
+        inside = self.for_backend(backend, same_host=True)
+        across = self.for_backend(backend, same_host=False)
+        return replace(inside, remote_migration=across.migration)
+
     # ---- closed forms the budget search and the plan bounds use ---------------------------
     def prefill_s(self, num_tokens: int) -> float:
         """One fresh prompt chunk of ``num_tokens`` (the engine's budget probe)."""

@@ -35,3 +35,22 @@ def instance_nodes(pools: Sequence[tuple[Role, int]], instances_per_node: int | 
     for rank, (_, _, instance) in enumerate(sorted(positions)):
         nodes[instance] = rank // instances_per_node
     return nodes
+
+
+def instance_groups(pools: Sequence[tuple[Role, int]]) -> list[int]:
+    """Placement groups (``spec.placement.mode: Groups``, ``kube/group_pools.py``): the
+    group of each instance, in ``instance_nodes``' order. The k-th instance of every pool is
+    slice k, one pod, for k below the smallest pool's count; each instance beyond it runs
+    in its pool's Deployment, a pod of its own. The simulator treats a group as a node: a
+    hand-off inside it pays the in-pod link, any other the cross-pod one."""
+    slices = min((count for _, count in pools), default=0)
+    groups = []
+    alone = slices
+    for _, count in pools:
+        for k in range(count):
+            if k < slices:
+                groups.append(k)
+            else:
+                groups.append(alone)
+                alone += 1
+    return groups

@@ -34,7 +34,7 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.jitter import Jitter
-from epd_engine.profiler.placement import instance_nodes
+from epd_engine.profiler.placement import instance_groups, instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
 from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
 from epd_engine.profiler.sim_routing import ScannedPool, routing_pool
@@ -89,6 +89,7 @@ class Simulator:
         scheduler_kind: type[SimScheduler] = SimScheduler,
         instances_per_node: int | None = None,
         indexed_routing: bool = True,
+        grouped: bool = False,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
         on one machine); an iteration stretches by busy instances / cores when oversubscribed,
@@ -99,8 +100,12 @@ class Simulator:
         migration between nodes is charged ``cost.remote_migration`` and a source prefers a
         target on its own node (``contracts/node_locality.py``). None: all on one node.
         ``indexed_routing``: False reads every instance's load for every pick (the reference
-        ``sim_routing.IndexedPool`` is tested against)."""
+        ``sim_routing.IndexedPool`` is tested against). ``grouped``: placement groups, one pod
+        per slice (``placement.instance_groups``, in place of nodes): a source prefers its
+        group's target, as ``contracts/group_locality.py``, and a hand-off across groups is
+        charged ``cost.remote_migration``."""
         self.instances_per_node = instances_per_node
+        self.grouped = grouped
         self.indexed_routing = indexed_routing
         self.scheduler_kind = scheduler_kind
         self.plan = plan
@@ -155,6 +160,8 @@ class _Run:
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
         pools = [(role, sim.plan.pools[role]) for role in sim.plan.method.roles]
         nodes = instance_nodes(pools, sim.instances_per_node) if self.instances else []
+        if sim.grouped and self.instances:  # a group is a "node": its pod's link inside
+            nodes = instance_groups(pools)
         self.multi_node = any(nodes)
         for inst, node in zip(self.instances, nodes, strict=True):
             inst.node = str(node)
@@ -386,7 +393,10 @@ class _Run:
         keyed = request.next_stage is not Stage.ENCODE
         prefix = affinity_key(self.records[int(request_id)]) if keyed else None
         target, followed = pool.choose(prefix)
-        if self.multi_node and not followed:  # a peer on the source's node, as peers.py
+        if self.sim.grouped:  # its group's peer before the key's, as peers.py
+            least = pool.choose(None)[0] if followed else target
+            target = pool.near(source.node, least) or target
+        elif self.multi_node and not followed:  # a peer on the source's node, as peers.py
             target = pool.near(source.node, target) or target
         target.changed()
         target.num_incoming += 1

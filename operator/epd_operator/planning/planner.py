@@ -26,6 +26,7 @@ from epd_engine.contracts.trace import TraceRecord, sort_by_arrival
 from epd_engine.profiler.candidates import ALL_METHODS, Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
+from epd_engine.profiler.links import link_backend
 from epd_engine.profiler.reference import reference_cost_model
 from epd_engine.profiler.search import Hint, SearchResult, exhaustive_search, to_plan
 from epd_operator.api.spec import EPDDeploymentSpec
@@ -159,11 +160,14 @@ def profiler_proposal(
     if not records:
         raise PlanningError("the trace window is empty")
     sample = subsample(records, max_requests)
-    # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp.
-    cost = cost.for_backend(spec.engine.transfer_backend, same_host=same_host)
+    # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp;
+    # in a group pod it can, for the members (epdctl up runs all on one host, ungrouped)
+    grouped = spec.placement.grouped and not same_host
+    backend = spec.engine.transfer_backend
+    cost = cost.for_groups(backend) if grouped else cost.for_backend(backend, same_host)
     slo = spec.slo.to_slo()
     methods = methods_for(sample)
-    evaluator = Evaluator(sample, cost, slo)
+    evaluator = Evaluator(sample, cost, slo, grouped=grouped)
 
     def search(num_instances: int) -> SearchResult:
         hint = previous_hint(current, num_instances, methods)
@@ -195,6 +199,8 @@ def profiler_proposal(
         on += ", text only"
     label = cost_label or str(cost.meta.get("source", "unnamed"))
     link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
+    if link and grouped and (across := link_backend(backend, same_host=False)) in cost.links:
+        link += f" in a group pod, {across} across"
     reason = (
         f"profiler: best of {result.num_candidates} plans on {on} at {at} "
         f"({result.num_pruned} pruned by bound); cost model: {label}{link}{sizing}"
