@@ -62,9 +62,11 @@ class Evaluator:
         slo: SLO,
         rel_tolerance: float = 0.05,
         instances_per_node: int | None = None,
+        grouped: bool = False,
     ) -> None:
         """``instances_per_node``: how many instances share a node; migrations between nodes
-        are charged ``cost.remote_migration`` (``profiler/placement.py``). None: one node."""
+        are charged ``cost.remote_migration`` (``profiler/placement.py``). None: one node.
+        ``grouped``: one pod per slice of each plan (``Simulator``'s ``grouped``)."""
         if not records:
             raise ValueError("the trace is empty: nothing to plan for")
         self.records = list(records)
@@ -72,6 +74,7 @@ class Evaluator:
         self.slo = slo
         self.rel_tolerance = rel_tolerance
         self.instances_per_node = instances_per_node
+        self.grouped = grouped
         self.grid = RateGrid(step=rel_tolerance)
         self.budgets: dict[Role, Budgets | None] = {
             role: derive_budgets(cost, role, slo) for role in Role
@@ -121,6 +124,7 @@ class Evaluator:
                 self.cost,
                 self.slo,
                 instances_per_node=self.instances_per_node,
+                grouped=self.grouped,
             )
             result = simulator.run(at_rate(self.records, rate_rps), stop_on_failure=True)
             self.num_simulations += 1
