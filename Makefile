@@ -127,9 +127,9 @@ kind-down: ## Delete the kind cluster
 .PHONY: k8s-test helm-lint images images-gpu kind-up kind-down
 
 # --- Trace-replay profiler (cost model, simulator, plan search) -----------------------------
-bench-plan: venv ## Plan-search speed: reference scenarios + mixed traces, before/after, scaling (JSON)
+bench-plan: venv ## Plan-search speed: reference scenarios + mixed traces, before/after, scaling, fleet (JSON)
 	$(PY) benchmarks/bench_plan.py --out benchmarks/results/plan-search.json
-	$(PY) benchmarks/bench_plan.py --mixed --out benchmarks/results/plan-search-mixed.json
+	$(PY) benchmarks/bench_plan.py --mixed --fleet 256x10000 --out benchmarks/results/plan-search-mixed.json
 
 bench-fidelity: venv model ## Real system (epdctl up + bench) vs simulator for 3 methods (JSON)
 	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --rates 1,2,3,4 --slo-ttft 0.75 --slo-tpot 0.1 \

@@ -3,8 +3,10 @@
 ``--mixed``: issue 19's mixed traffic (0-3 LLaVA images, prompts 20-600, outputs 10-300,
 Poisson 40 req/s, SLO 0.5 s / 40 ms) with several seeds, the search before (continuous
 bisection, the engine scheduler in the simulator) and after (rate grid, ``SimScheduler``) in
-one run, whether both chose the same plan, and a scaling table (``--scale-requests``,
-``--scale-gpus``). Timings on a shared host: read the ratios and the recorded load.
+one run, whether both chose the same plan, a scaling table (``--scale-requests``,
+``--scale-gpus``) and the fleet sizes the elastic loop plans for (``--fleet 256x10000``:
+after only, the search before issue 19 would take hours there; ``bench_plan_ab.py`` compares
+it with an earlier commit). Timings on a shared host: read the ratios and the recorded load.
 
 For each scenario (a 2,000-request trace, SLOs, a GPU budget; the synthetic reference cost
 model of LLaVA-1.5-7B unless ``--cost-model`` is given) it runs
@@ -199,18 +201,33 @@ def run_mixed(args: argparse.Namespace) -> dict[str, Any]:
         }
         scaling.append(row)
         print(f"scaling: {json.dumps(row)}", flush=True)
+    fleet = []
+    for gpus, num in args.fleet:
+        row = {
+            "gpus": gpus,
+            "num_requests": num,
+            **timed_search(mixed_trace(num, 0), gpus, args, False),
+        }
+        fleet.append(row)
+        print(f"fleet: {json.dumps(row)}", flush=True)
     return {
         "workload": MIXED.summary,
         "rate_rps": MIXED_RATE_RPS,
         "slo": {"ttft_s": MIXED_SLO.ttft_s, "tpot_s": MIXED_SLO.tpot_s},
-        "goals_s": {"8x1000": 5, "32x2000": 20},
+        "goals_s": {"8x1000": 5, "32x2000": 20, "256x10000": 5},
         "comparisons": comparisons,
         "scaling": scaling,
+        "fleet": fleet,
     }
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    """``GPUSxREQUESTS,...`` -> [(gpus, requests), ...]."""
+    return [(int(g), int(n)) for g, n in (s.split("x") for s in text.split(",") if s.strip())]
 
 
 def main() -> None:
@@ -229,6 +246,7 @@ def main() -> None:
     parser.add_argument("--skip-before", action="store_true", help="no before/after comparison")
     parser.add_argument("--scale-requests", type=_ints, default=[500, 1000, 2000, 4000, 8000])
     parser.add_argument("--scale-gpus", type=_ints, default=[8, 16, 32, 64, 128])
+    parser.add_argument("--fleet", type=_sizes, default=[], help="e.g. 256x10000 (after only)")
     args = parser.parse_args()
     if args.mixed:
         report = {

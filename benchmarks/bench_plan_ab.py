@@ -5,8 +5,10 @@ both see the same host load; the JSON has every run's wall and CPU seconds (its 
 included), the load average before it, the chosen plan, and per size the ratios
 before / after (median, min, max over seeds and repeats). The earlier tree is exported with
 ``git archive`` and put first on ``PYTHONPATH``; only planner APIs every version has are used.
+``--after-ref`` exports the later tree too (default: this checkout, uncommitted edits and all).
 
     python benchmarks/bench_plan_ab.py --before-ref 12ef652 --seeds 3 --repeats 2
+    python benchmarks/bench_plan_ab.py --before-ref 6f4f19a --sizes 256x10000 --workers 1
 """
 
 from __future__ import annotations
@@ -81,9 +83,20 @@ def _ratios(values: list[float]) -> dict[str, float]:
     }
 
 
+def _export(ref: str, into: Path) -> Path:
+    """Commit ``ref``'s ``engine/`` under ``into``; returns that ``engine/``."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "engine"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "engine"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before-ref", required=True, help="git commit of the 'before' tree")
+    parser.add_argument("--after-ref", help="git commit of the 'after' tree (default: this one)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
@@ -94,13 +107,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",") if s]
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before_ref, "engine"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {"before": Path(tmp) / "engine", "after": ROOT / "engine"}
+        trees = {"before": _export(args.before_ref, Path(tmp) / "before")}
+        after = _export(args.after_ref, Path(tmp) / "after") if args.after_ref else ROOT / "engine"
+        trees["after"] = after
         runs = []
         for gpus, num in sizes:
             for seed in range(args.seeds):
@@ -129,7 +138,8 @@ def main() -> None:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": {"cpus": os.cpu_count()},
         "before_ref": args.before_ref,
-        "after_ref": subprocess.run(
+        "after_ref": args.after_ref
+        or subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
             check=True,
             capture_output=True,
