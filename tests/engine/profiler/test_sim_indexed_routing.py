@@ -49,6 +49,7 @@ def _both(
     trace: list[TraceRecord],
     policy: type[RoutingPolicy] | None = None,
     instances_per_node: int | None = None,
+    grouped: bool = False,
 ) -> tuple[SimResult, SimResult, list[RoutingPolicy | None]]:
     results, policies = [], []
     for indexed in (True, False):
@@ -60,6 +61,7 @@ def _both(
             policy=chosen,
             instances_per_node=instances_per_node,
             indexed_routing=indexed,
+            grouped=grouped,
         )
         results.append(simulator.run(trace))
         policies.append(chosen)
@@ -76,6 +78,14 @@ def test_least_loaded_picks_as_the_scan(plan: Plan) -> None:
 @pytest.mark.parametrize("plan", PLANS[:2], ids=lambda p: p.method.value)
 def test_local_targets_across_nodes_as_the_scan(plan: Plan) -> None:
     indexed, scanned, _ = _both(plan, TRACE, instances_per_node=3)
+    assert scanned.num_remote_pulls > 0
+    assert indexed == scanned
+
+
+@pytest.mark.parametrize("plan", [PLANS[0], PLANS[2]], ids=lambda p: p.method.value)
+def test_group_targets_as_the_scan(plan: Plan) -> None:
+    trace = _with_prefixes(TRACE)
+    indexed, scanned, _ = _both(plan, trace, PrefixAffinity, grouped=True)
     assert scanned.num_remote_pulls > 0
     assert indexed == scanned
 
