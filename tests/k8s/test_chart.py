@@ -123,6 +123,8 @@ def test_operator_metrics_port_is_served_and_scraped() -> None:
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    # the series' own namespace (the EPDDeployment's, as the dashboards filter) wins
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
 
 def test_operator_metrics_off() -> None:

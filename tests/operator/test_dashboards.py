@@ -1,12 +1,13 @@
 """The Grafana dashboards the chart ships query only metrics and labels that really exist.
 
 Every ``charts/epd-operator/dashboards/*.json`` (the chart renders each one into a ConfigMap
-for the Grafana sidecar) is checked against the registry of the real
-``epd_engine.metrics.Metrics``: each ``epd_*`` series a query names must be a sample the
-registry exports (``_total`` of a counter, ``_bucket``/``_sum``/``_count`` of a histogram,
-``_info`` of an info metric, a gauge's own name), and each label in a ``{...}`` selector, a
-``by (...)``/``without (...)`` clause or a ``label_values(...)`` variable must be one that
-series carries, or one Prometheus adds when it scrapes the target.
+for the Grafana sidecar) is checked against the registries of the real
+``epd_engine.metrics.Metrics`` and of the reconcile loop's ``LoopMetrics``: each ``epd_*``
+series a query names must be a sample a registry exports (``_total`` of a counter,
+``_bucket``/``_sum``/``_count`` of a histogram, ``_info`` of an info metric, a gauge's own
+name), and each label in a ``{...}`` selector, a ``by (...)``/``without (...)`` clause or a
+``label_values(...)`` variable must be one that series carries, or one Prometheus adds when
+it scrapes the target.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics import MetricWrapperBase
 
 from epd_engine.metrics import Metrics
+from epd_operator.rollout.loop_metrics import LoopMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "charts" / "epd-operator" / "dashboards"
@@ -32,6 +34,8 @@ TARGET_LABELS = frozenset(
 )
 # Each ConfigMap holds one dashboard and must stay under 1 MiB; keep room for the metadata.
 MAX_BYTES = 900 * 1024
+# What the reconcile loop exports only once an Auto re-plan decided: absent in Fixed mode.
+AUTO_ONLY = ("epd_loop_rate_", "epd_loop_decisions_")
 # Exported metric families no dashboard has to chart (none so far).
 UNCHARTED: frozenset[str] = frozenset()
 
@@ -48,9 +52,21 @@ _GROUPING = re.compile(r"\b(?:by|without)\s*\(", re.IGNORECASE)
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*$")
 
 
+def registries() -> list[Metrics | LoopMetrics]:
+    """The engine's and the loop's metrics, each in its own registry."""
+    return [Metrics(model="m", role="r", pool="p"), LoopMetrics(CollectorRegistry())]
+
+
 def exported_series() -> dict[str, frozenset[str]]:
-    """Sample name -> its label names, from a real ``Metrics`` registry with one child each."""
-    metrics = Metrics(model="m", role="r", pool="p")
+    """Sample name -> its label names, from real registries with one child each."""
+    series: dict[str, set[str]] = {}
+    for metrics in registries():
+        for name, labels in _series(metrics).items():
+            series.setdefault(name, set()).update(labels)
+    return {name: frozenset(labels) for name, labels in series.items()}
+
+
+def _series(metrics: Metrics | LoopMetrics) -> dict[str, set[str]]:
     for wrapper in vars(metrics).values():
         if not isinstance(wrapper, MetricWrapperBase):
             continue
@@ -70,14 +86,13 @@ def exported_series() -> dict[str, frozenset[str]]:
         assert family.samples, f"{family.name} has no sample: not an attribute of Metrics?"
         for sample in family.samples:
             series.setdefault(sample.name, set()).update(sample.labels)
-    return {name: frozenset(labels) for name, labels in series.items()}
+    return series
 
 
 def family_series() -> dict[str, frozenset[str]]:
     """Family name (as in metrics.py) -> the sample names it exports."""
-    metrics = Metrics(model="m", role="r", pool="p")
     families: dict[str, frozenset[str]] = {}
-    for family in metrics.registry.collect():
+    for family in (f for m in registries() for f in m.registry.collect()):
         suffixes = {
             "counter": ("_total",),
             "histogram": ("_bucket", "_sum", "_count"),
@@ -105,11 +120,15 @@ def all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) for every panel target and every query template variable."""
+    """(where, PromQL) for every panel target, every query template variable and every
+    Prometheus annotation."""
     for panel in all_panels(dashboard.get("panels", [])):
         for target in panel.get("targets", []):
             if "expr" in target:
                 yield f"panel {panel.get('title')!r} target {target.get('refId')}", target["expr"]
+    for note in dashboard.get("annotations", {}).get("list", []):
+        if "expr" in note:
+            yield f"annotation {note['name']!r}", note["expr"]
     for var in dashboard.get("templating", {}).get("list", []):
         if var.get("type") == "query":
             query = var["query"]
@@ -123,6 +142,12 @@ def absent_on_cpu(dashboard: dict[str, Any]) -> set[str]:
         for panel in all_panels(dashboard.get("panels", []))
         if "absent on cpu" in panel.get("description", "").lower()
     }
+
+
+def auto_only(expr: str) -> bool:
+    """The query names only series the loop exports once an Auto re-plan decided."""
+    names = set(_METRIC.findall(_STRING.sub('""', expr)))
+    return bool(names) and all(name.startswith(AUTO_ONLY) for name in names)
 
 
 def matching_paren(text: str, open_at: int) -> int:
@@ -271,3 +296,20 @@ def test_checker_catches_wrong_names_and_labels() -> None:
     assert problems("histogram_quantile(0.9, sum(rate(epd_batch_tokens_bucket[5m])))", series)
     assert problems("label_values(epd_requests_running, outcome)", series)
     assert problems("label_values(epd_requests_total, namespace)", series) == []
+
+
+@pytest.mark.parametrize("path", dashboard_files(), ids=lambda p: p.name)
+def test_auto_only_panels_say_they_are_absent_in_fixed_mode(path: Path) -> None:
+    """The loop's rates and decisions exist once an Auto re-plan decided: a panel charting
+    them says so (the Prometheus live test, a Fixed deployment, requires them absent)."""
+    dashboard = load(path)
+    for panel in all_panels(dashboard["panels"]):
+        exprs = [t["expr"] for t in panel.get("targets", []) if "expr" in t]
+        if not any(auto_only(e) for e in exprs):
+            assert "fixed mode" not in panel.get("description", "").lower(), panel["title"]
+            continue
+        assert "Absent in Fixed mode" in panel["description"], panel["title"]
+        assert "absent in Fixed mode" in panel["fieldConfig"]["defaults"]["noValue"]
+    for note in dashboard.get("annotations", {}).get("list", []):
+        if note.get("type") != "dashboard":
+            assert note["datasource"]["uid"] == "${datasource}", note["name"]

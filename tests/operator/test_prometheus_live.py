@@ -1,6 +1,7 @@
-"""Prometheus for real: Debian's ``prometheus`` scrapes a running ``epdctl up`` (router and
-E+P+D instances of the tiny model, 127.0.0.1) under live traffic. Every query of every
-dashboard is evaluated against it and must return data; the SLO lines are the manifest's
+"""Prometheus for real: Debian's ``prometheus`` scrapes a running ``epdctl up`` (router,
+E+P+D instances of the tiny model and the reconcile loop, 127.0.0.1) under live traffic.
+Every query of every dashboard is evaluated against it and must return data (the loop's
+rates and decisions must not: a Fixed deployment makes no re-plan); the SLO lines are the manifest's
 SLO as the router exports it; the operator's ``Prometheus`` client reads the workload and
 SLO attainment the clients produced, and those statistics trigger a re-plan.
 """
@@ -27,7 +28,13 @@ from epd_operator.planning.choice import choose_plan, heuristic_planner
 from epd_operator.planning.planner import workload_stats
 from epd_operator.planning.prometheus import Prometheus, with_live_attainment
 from epd_operator.rollout.router_api import RouterAPI
-from tests.operator.test_dashboards import absent_on_cpu, dashboard_files, load, queries
+from tests.operator.test_dashboards import (
+    absent_on_cpu,
+    auto_only,
+    dashboard_files,
+    load,
+    queries,
+)
 from tests.processes import EPDCTL, free_port
 from tests.prometheus_server import label_values, prometheus, query
 
@@ -91,6 +98,8 @@ def live(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         targets = {router.removeprefix("http://"): {"namespace": NAMESPACE, "pod": "router"}}
         for inst in state["instances"]:
             targets[f"127.0.0.1:{inst['port']}"] = {"namespace": NAMESPACE, "pod": inst["name"]}
+        loop = state["metrics_url"].removeprefix("http://").removesuffix("/metrics")
+        targets[loop] = {"namespace": NAMESPACE, "pod": "loop"}  # the loop's epd_loop_*
         with prometheus(targets, folder / "prometheus") as prom_url:
             headers = {"X-EPD-Token": state["token"]}
             pools = sorted(httpx.get(f"{router}/internal/pools", headers=headers).json()["pools"])
@@ -155,11 +164,26 @@ def test_every_dashboard_query_returns_data(live: Live, path: Path) -> None:
         values = _finite(query(live.prom_url, _substitute(expr)))  # raises on bad PromQL
         if where.split(" target ")[0] in gpu_only:
             assert not values, f"{where}: GPU series on a CPU system"
+        elif auto_only(expr):
+            assert not values, f"{where}: a Fixed deployment made a re-plan decision"
         elif not values:
             empty.append(f"{where}: {expr}")
     # every query was found and evaluated (the overview has dozens; a focused board a few)
     assert checked >= (30 if path.name == "epd-overview.json" else 5)
     assert not empty, "no data for:\n" + "\n".join(empty)
+
+
+def test_loop_shows_instances_per_role_and_gpus(live: Live) -> None:
+    """The loop's series are the running plan's: 1 E, 1 P, 1 D ready, no GPU on CPU, and
+    the capacity range of a fixed size (gpuBudget)."""
+    where = f'namespace="{NAMESPACE}", model="{MODEL}", name="live"'
+    by_role = query(live.prom_url, f"epd_loop_instances{{{where}}}")
+    assert {r["metric"]["role"]: float(r["value"][1]) for r in by_role} == {
+        "E": 1.0, "P": 1.0, "D": 1.0
+    }  # fmt: skip
+    assert _finite(query(live.prom_url, f"epd_loop_gpus{{{where}}}")) == [0.0]
+    bounds = query(live.prom_url, f"epd_loop_gpus_bound{{{where}}}")
+    assert {r["metric"]["bound"]: float(r["value"][1]) for r in bounds} == {"min": 8, "max": 8}
 
 
 def test_slo_lines_are_the_manifests(live: Live) -> None:

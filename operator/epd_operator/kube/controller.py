@@ -35,7 +35,9 @@ from epd_operator.planning.planner import (
     workload_stats,
 )
 from epd_operator.planning.prometheus import Prometheus, with_live_attainment
+from epd_operator.rollout.decision_report import pass_decision, post_decision
 from epd_operator.rollout.driver import Checkpoint, RolloutState, no_checkpoint, rollout_pass
+from epd_operator.rollout.loop_metrics import LoopTarget
 from epd_operator.rollout.pool_identity import PoolSpec
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
@@ -214,6 +216,9 @@ def reconcile(
         metrics.PLANNER_SECONDS.labels(namespace, name).observe(passed.planner_s)
     if passed.note is not None:
         metrics.DECISIONS.labels(namespace, name, passed.note.reason).inc()
+    made = pass_decision(passed)  # this pass's decision, as an Event
+    if made is not None:
+        post_decision(post_event, made)
     plan, memory = passed.plan, passed.memory
     assert memory.plan is not None
 
@@ -255,6 +260,8 @@ def reconcile(
         decided[PLANNED] = planned
     conditions = merge_conditions(status.conditions, decided, generation, now)
     metrics.set_phase(namespace, name, decision.conditions["Progressing"].reason)
+    who = LoopTarget(namespace, name, spec.model.name)
+    metrics.LOOP.record_pass(who, spec, decision.pools, memory.decision, made is not None)
     metrics.RECONCILES.labels(namespace, name, "ok").inc()
     new = EPDDeploymentStatus(
         observed_generation=generation,

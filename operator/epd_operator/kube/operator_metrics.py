@@ -1,5 +1,6 @@
 """The operator's own Prometheus metrics: reconcile passes, plan decisions with their reason,
-plan-search time and each EPDDeployment's rollout phase.
+plan-search time and each EPDDeployment's rollout phase; and the loop's (``LOOP``, as
+``epdctl up`` exports them: instances per role, GPUs, rates, decisions).
 
 Served on ``EPD_OPERATOR_METRICS_PORT`` (0: not served) by ``handlers.py`` at start-up, from
 their own registry (no process/platform collectors mixed in)."""
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from epd_operator.rollout.loop_metrics import LoopMetrics
+
 REGISTRY = CollectorRegistry()
+LOOP = LoopMetrics(REGISTRY)
 
 RECONCILES = Counter(
     "epd_operator_reconciles",

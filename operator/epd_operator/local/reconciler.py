@@ -29,7 +29,9 @@ from epd_operator.planning.planner import (
     reference_cost,
     workload_stats,
 )
+from epd_operator.rollout.decision_report import pass_decision, post_decision
 from epd_operator.rollout.driver import RolloutState, rollout_pass
+from epd_operator.rollout.loop_metrics import LoopMetrics, LoopTarget
 from epd_operator.rollout.pool_identity import Owner, pool_specs
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
@@ -85,9 +87,13 @@ class LocalReconciler:
         plan_timeout_s: float = PLAN_TIMEOUT_S,
         plan_max_requests: int = MAX_PLAN_REQUESTS,
         cost_source: CostSource = reference_cost,
+        metrics: LoopMetrics | None = None,
+        served_model: str = "",
     ) -> None:
         """``cost_source`` is called once here for its label (a local source is a file read
-        at start or the reference: it does not fail) and again by each profiler run."""
+        at start or the reference: it does not fail) and again by each profiler run.
+        ``metrics``: each pass recorded there, labelled ``served_model`` (default: the
+        engines' model name)."""
         self.name = name
         self.engines = engines
         self.pools = LocalPools(engines)
@@ -101,6 +107,8 @@ class LocalReconciler:
         self.memory = PlanMemory()
         self.state = RolloutState()
         self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
+        self.metrics = metrics
+        self.who = LoopTarget("local", name, served_model or engines.model_name)
 
     def reconcile(self, spec: EPDDeploymentSpec, now: datetime) -> LocalStatus:
         # a changed spec starts new pools with its engine flags (their names change too)
@@ -126,6 +134,9 @@ class LocalReconciler:
         )
         self.memory = passed.memory
         plan = passed.plan
+        decided = pass_decision(passed)
+        if decided is not None:
+            post_decision(self.post_event, decided)
         owner = Owner(name=self.name, namespace="local", uid="local", spec=spec)
         desired = pool_specs(owner, plan)
         outcome = rollout_pass(
@@ -143,6 +154,10 @@ class LocalReconciler:
         self.memory = measure_switch(
             self.memory, outcome.switched, self.state.active_pools, (p.name for p in desired), now
         )
+        if self.metrics is not None:
+            self.metrics.record_pass(
+                self.who, spec, outcome.status.pools, self.memory.decision, decided is not None
+            )
         conditions = {
             k: (c.status, c.reason, c.message) for k, c in outcome.status.conditions.items()
         }

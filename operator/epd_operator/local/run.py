@@ -18,6 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
 
 from epd_engine.config import Role
 from epd_engine.contracts.gpu_placement import GpuSlots, local_gpu_slots
@@ -29,6 +32,7 @@ from epd_operator.local.pools import LocalEngines
 from epd_operator.local.reconciler import LocalReconciler, LocalStatus, engine_args
 from epd_operator.local.routers import LocalRouters
 from epd_operator.planning.cost_file import checkpoint_mismatch, cost_source
+from epd_operator.rollout.loop_metrics import LoopMetrics
 
 MANIFEST = "manifest.yaml"
 _GENERATION = "# epdctl-generation: "
@@ -104,7 +108,12 @@ class LocalRun:
             emulate=opts.emulate,
         )  # fmt: skip
         costs = cost_source(opts.cost_model)  # ValueError naming a bad file, before any start
-        self.reconciler = LocalReconciler(opts.name, engines, _log, cost_source=costs)
+        self.metrics = LoopMetrics(CollectorRegistry())
+        self.metrics_server: WSGIServer | None = None
+        self.reconciler = LocalReconciler(
+            opts.name, engines, _log, cost_source=costs, metrics=self.metrics,
+            served_model=opts.served_model_name,
+        )  # fmt: skip
         self.status: LocalStatus | None = None
         self.ready = False
         self.stopping = False
@@ -171,6 +180,7 @@ class LocalRun:
             "reconcile": True,
             "router_url": self.router_url,
             "router_urls": self.routers.urls,  # each replica's own (the same with one)
+            "metrics_url": self.metrics_url,  # the loop's own (epd_loop_*)
             "token": self.token,
             "deployment_id": self.deployment_id,
             "pids": pids,
@@ -181,6 +191,16 @@ class LocalRun:
             "status": self.status.to_json() if self.status else None,
         }
         write_state(self.opts.run_dir, state)
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self.metrics_server is None:
+            return None
+        return f"http://127.0.0.1:{self.metrics_server.server_port}/metrics"
+
+    def _serve_metrics(self) -> None:
+        """The loop's metrics on a free loopback port (the state file names it)."""
+        self.metrics_server, _ = start_http_server(0, "127.0.0.1", self.metrics.registry)
 
     def pass_once(self) -> LocalStatus:
         self._reload()
@@ -204,6 +224,7 @@ class LocalRun:
         started = time.monotonic()
         try:
             self._announce_cost_model()
+            self._serve_metrics()
             self._start_routers()
             self.write_state()
             announced = False
@@ -236,6 +257,7 @@ class LocalRun:
         name = self.opts.served_model_name
         print(f"ready: {status.plan}; OpenAI endpoint {url}/v1 (model {name!r})")
         print(f"       metrics {url}/metrics, trace {url}/v1/trace")
+        print(f"       the loop's metrics {self.metrics_url}")
         print(f"       internal token in {run_dir / 'state.json'} (header X-EPD-Token)")
         print(f"       change it: epdctl apply -f MANIFEST (logs in {run_dir / 'logs'})")
         print("Ctrl-C stops everything.", flush=True)
@@ -243,6 +265,8 @@ class LocalRun:
     def stop(self) -> None:
         self.reconciler.stop()
         self.routers.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
         remove_state(self.opts.run_dir)
 
 
