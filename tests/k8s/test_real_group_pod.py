@@ -63,8 +63,11 @@ def test_a_group_pod_serves_epds_answers_moving_caches_inside_the_pod(
     assert set(pulls) <= {"image/shm", "kv/shm"}, pulls
 
     epd_plan = {"mode": "Fixed", "method": "EPD", "pools": {"EPD": 1}}
-    patch = {"spec": {"placement": {"mode": "Pools"}, "disaggregation": epd_plan}}
-    cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "merge", "-p", json.dumps(patch))
+    patch = [
+        {"op": "replace", "path": "/spec/placement", "value": {"mode": "Pools"}},
+        {"op": "replace", "path": "/spec/disaggregation", "value": epd_plan},
+    ]
+    cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "json", "-p", json.dumps(patch))
     wait_serving(cluster, ns, "EPD", timeout_s=300)
     wait_until(
         "the group pod gone",
