@@ -14,7 +14,15 @@ from epd_operator.api.model_base import SpecModel
 class PlanDecision(SpecModel):
     time: str = Field(description="RFC 3339 time of the decision.")
     outcome: str = Field(
-        description="The Planned condition's reason: ScaledUp, ScaleDownPending, PlanConfirmed, ..."
+        description="The Planned condition's reason: ScaledUp, ScaleDownPending, PlanConfirmed, "
+        "FastScaledUp (the fast path), ..."
+    )
+    alarm: str = Field(
+        default="", description="Fast path only: the SLO alarm it reacted to, with its numbers."
+    )
+    stage: str = Field(default="", description="Fast path only: the bottleneck stage.")
+    plan_before: str = Field(
+        default="", description="Fast path only: the plan it grew, e.g. `E+P+D 1E1P1D`."
     )
     rate_seen_rps: str = Field(default="", description="The trace window's mean request rate.")
     newest_rate_rps: str = Field(default="", description="The newest sub-window's rate.")

@@ -25,8 +25,9 @@ from epd_operator.kube import guardrails, pod_health
 from epd_operator.kube import manifests as r
 from epd_operator.kube import operator_metrics as metrics
 from epd_operator.kube.client import Kube
+from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.choice import WorkloadStats
-from epd_operator.planning.plan_pass import PlanMemory, measure_switch, plan_pass
+from epd_operator.planning.plan_pass import ALARM_WINDOW_S, PlanMemory, measure_switch, plan_pass
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -35,6 +36,7 @@ from epd_operator.planning.planner import (
     workload_stats,
 )
 from epd_operator.planning.prometheus import Prometheus, with_live_attainment
+from epd_operator.rollout.alarm_reader import AlarmReader
 from epd_operator.rollout.decision_report import pass_decision, post_decision
 from epd_operator.rollout.driver import Checkpoint, RolloutState, no_checkpoint, rollout_pass
 from epd_operator.rollout.loop_metrics import LoopTarget
@@ -62,6 +64,11 @@ class KubePools:
 
     def delete_pool(self, name: str) -> None:
         self.kube.delete_pool(self.owner.namespace, name)
+
+
+# Per EPDDeployment (uid): the fast path's previous queue reading, kept in this process (a
+# restarted operator sees a growing queue one pass later).
+_ALARMS: dict[str, AlarmReader] = {}
 
 
 def _ts(t: datetime) -> str:
@@ -193,6 +200,15 @@ def reconcile(
             stats = with_live_attainment(stats, live)
         return (trace.records if trace is not None else None), stats
 
+    current_pools = (
+        {p.name for p in r.deployment_pools(owner, status.plan.to_plan())} if status.plan else None
+    )
+
+    def read_alarms() -> Sequence[SloAlarm]:
+        # the fast path's scrape window: the last resync's requests (one replica's trace)
+        reader = _ALARMS.setdefault(uid, AlarmReader(ALARM_WINDOW_S))
+        return reader.read(router, spec, current_pools or ())
+
     last_switch_ms = status.last_switch_milliseconds
     memory = PlanMemory(
         status.plan,
@@ -211,6 +227,8 @@ def reconcile(
         lambda: _cost_model(kube, namespace, spec),
         plan_timeout_s,
         plan_max_requests,
+        read_alarms=read_alarms,
+        serving=set(status.active_pools) == current_pools,
     )
     if passed.planner_s is not None:
         metrics.PLANNER_SECONDS.labels(namespace, name).observe(passed.planner_s)

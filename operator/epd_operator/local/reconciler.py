@@ -20,8 +20,14 @@ from typing import Any
 from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local.pools import LocalEngines, LocalPools
+from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.choice import WorkloadStats
-from epd_operator.planning.plan_pass import PlanMemory, measure_switch, plan_pass
+from epd_operator.planning.plan_pass import (
+    ALARM_WINDOW_S,
+    PlanMemory,
+    measure_switch,
+    plan_pass,
+)
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -29,6 +35,7 @@ from epd_operator.planning.planner import (
     reference_cost,
     workload_stats,
 )
+from epd_operator.rollout.alarm_reader import AlarmReader
 from epd_operator.rollout.decision_report import pass_decision, post_decision
 from epd_operator.rollout.driver import RolloutState, rollout_pass
 from epd_operator.rollout.loop_metrics import LoopMetrics, LoopTarget
@@ -87,13 +94,14 @@ class LocalReconciler:
         plan_timeout_s: float = PLAN_TIMEOUT_S,
         plan_max_requests: int = MAX_PLAN_REQUESTS,
         cost_source: CostSource = reference_cost,
+        alarm_window_s: float = ALARM_WINDOW_S,
         metrics: LoopMetrics | None = None,
         served_model: str = "",
     ) -> None:
         """``cost_source`` is called once here for its label (a local source is a file read
-        at start or the reference: it does not fail) and again by each profiler run.
-        ``metrics``: each pass recorded there, labelled ``served_model`` (default: the
-        engines' model name)."""
+        at start or the reference: it does not fail) and again by each profiler run;
+        ``alarm_window_s``: the fast path's scrape window. ``metrics``: each pass recorded
+        there, labelled ``served_model`` (default: the engines' model name)."""
         self.name = name
         self.engines = engines
         self.pools = LocalPools(engines)
@@ -104,6 +112,7 @@ class LocalReconciler:
         self.plan_max_requests = plan_max_requests
         self.cost_source = cost_source
         self.cost_label = cost_source()[1]
+        self.alarms = AlarmReader(alarm_window_s)
         self.memory = PlanMemory()
         self.state = RolloutState()
         self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
@@ -121,6 +130,15 @@ class LocalReconciler:
             stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
             return trace.records, stats
 
+        owner = Owner(name=self.name, namespace="local", uid="local", spec=spec)
+        current = self.memory.plan
+        current_pools = (
+            frozenset(p.name for p in pool_specs(owner, current.to_plan())) if current else None
+        )
+
+        def read_alarms() -> Sequence[SloAlarm]:
+            return self.alarms.read(self.router, spec, current_pools or ())
+
         passed = plan_pass(
             spec,
             self.memory,
@@ -131,13 +149,15 @@ class LocalReconciler:
             plan_max_requests=self.plan_max_requests,
             cost_source=self.cost_source,
             same_host=True,  # every pool is a process on this host
+            read_alarms=read_alarms,
+            serving=self.state.active_pools == current_pools,
+            alarm_window_s=self.alarms.window_s,
         )
         self.memory = passed.memory
         plan = passed.plan
         decided = pass_decision(passed)
         if decided is not None:
             post_decision(self.post_event, decided)
-        owner = Owner(name=self.name, namespace="local", uid="local", spec=spec)
         desired = pool_specs(owner, plan)
         outcome = rollout_pass(
             self.pools,

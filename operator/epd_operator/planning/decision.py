@@ -1,5 +1,6 @@
 """The record of one re-plan's decision for the status: the rate seen, the forecast, the
-target (forecast x headroom), the plan run after it, its predicted goodput and its GPUs."""
+target (forecast x headroom), the plan run after it, its predicted goodput and its GPUs; and
+of a fast-path scale-up: the alarm, the stage, the plan before and after."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from epd_operator.api.conditions import ConditionState
 from epd_operator.api.decision_status import PlanDecision
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.fast_path import FastStep
 from epd_operator.planning.forecast import Forecast
 from epd_operator.planning.planner import target_rate
+
+FAST_SCALED_UP = "FastScaledUp"  # the Planned reason of a fast-path decision
+
+
+def _stamp(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _rps(x: float | None) -> str:
@@ -44,7 +52,7 @@ def decision_record(
     """What ``status.decision`` holds after a pass whose re-plan ran (or was held back)."""
     predicted = plan.predicted
     return PlanDecision(
-        time=now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        time=_stamp(now),
         outcome=note.reason if note is not None else "Planned",
         rate_seen_rps=_rps(stats.request_rate_rps if stats is not None else None),
         target_rps=_rps(target_rate(spec, stats)),
@@ -57,8 +65,29 @@ def decision_record(
     )
 
 
+def fast_decision_record(spec: EPDDeploymentSpec, now: datetime, step: FastStep) -> PlanDecision:
+    """What ``status.decision`` holds after a fast-path scale-up: the alarm, the stage, the
+    plan before and after (no rate or prediction: no re-plan ran)."""
+    return PlanDecision(
+        time=_stamp(now),
+        outcome=FAST_SCALED_UP,
+        alarm=step.alarm.reason,
+        stage=str(step.alarm.stage),
+        plan_before=step.before.describe(),
+        plan=step.after.describe(),
+        instances=step.after.num_instances,
+        gpus=step.after.num_instances * spec.engine.gpus_per_instance,
+        message=step.after.reason,
+    )
+
+
 def describe_decision(d: PlanDecision) -> str:
     """One line for ``epdctl status``: from the rate seen to the plan and its GPUs."""
+    if d.alarm:
+        return (
+            f"{d.outcome} at {d.time}: {d.alarm} -> {d.stage} bottleneck: {d.plan_before} -> "
+            f"{d.plan}, {d.gpus} GPUs"
+        )
     seen = f"rate seen {d.rate_seen_rps or '?'} rps"
     if d.forecast_rps:
         seen += (

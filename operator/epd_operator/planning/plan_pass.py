@@ -20,6 +20,7 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.conditions import ConditionState
 from epd_operator.api.decision_status import PlanDecision
 from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus, WorkloadSnapshot
+from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.choice import (
     Planner,
     WorkloadStats,
@@ -28,7 +29,12 @@ from epd_operator.planning.choice import (
     replan_due,
     same_plan,
 )
-from epd_operator.planning.decision import decision_record
+from epd_operator.planning.decision import (
+    FAST_SCALED_UP,
+    decision_record,
+    fast_decision_record,
+)
+from epd_operator.planning.fast_path import FastStep, can_grow, fast_step
 from epd_operator.planning.forecast import Forecast, forecast_window
 from epd_operator.planning.horizon import rollout_horizon, switch_seconds
 from epd_operator.planning.planner import (
@@ -42,6 +48,14 @@ from epd_operator.planning.planner import (
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 # The trace window's records (None: unreadable) and the workload statistics (None: none).
 ReadWorkload = Callable[[], tuple[Sequence[TraceRecord] | None, WorkloadStats | None]]
+# The SLO alarms of the last scrape window (``alarm.slo_alarms`` on the router's trace).
+ReadAlarms = Callable[[], Sequence[SloAlarm]]
+# The fast path's scrape window: the operator's resync (a pass every 10 s when idle).
+ALARM_WINDOW_S = 10.0
+
+
+def no_alarms() -> Sequence[SloAlarm]:
+    return ()
 
 
 def _milli(x: float | None) -> int | None:
@@ -130,9 +144,18 @@ def plan_pass(
     plan_timeout_s: float = PLAN_TIMEOUT_S,
     plan_max_requests: int = MAX_PLAN_REQUESTS,
     same_host: bool = False,
+    read_alarms: ReadAlarms = no_alarms,
+    serving: bool = True,
+    alarm_window_s: float = ALARM_WINDOW_S,
 ) -> PlanPassResult:
     """One pass's plan. ``cost_source`` names the cost model the profiler plans with (its
-    label ends up in the plan's reason); ``same_host``: the pools are local processes."""
+    label ends up in the plan's reason); ``same_host``: the pools are local processes.
+
+    When the slow path (the re-plan) has no news this pass, the fast path reads the SLO
+    alarms (``read_alarms``) and may add an instance to the bottleneck stage
+    (``fast_path``); only once the last change serves (``serving``: every router replica
+    routes to the current plan's pools) and a scrape window (``alarm_window_s``) has passed
+    since its switch, so that the alarm is about the current plan."""
 
     def since(t: datetime | None) -> float:
         return (now - t).total_seconds() if t else float("inf")
@@ -160,9 +183,16 @@ def plan_pass(
     )
     planner_s = time.perf_counter() - started if choice.ran else None
     plan, plan_status, new_planned_on = choice.plan, memory.plan, memory.planned_on
-    decision = memory.decision
+    note, decision = choice.note, memory.decision
+    step: FastStep | None = None
     if choice.ran or choice.note is not None:
         decision = decision_record(spec, now, choice.note, plan, stats, forecast, horizon_source)
+    elif serving and since(last_change) >= alarm_window_s + (memory.last_switch_s or 0.0):
+        step = _fast(spec, plan, read_alarms)
+        if step is not None:  # the slow path keeps its schedule (last_planned)
+            plan, decision = step.after, fast_decision_record(spec, now, step)
+            note = ConditionState("True", FAST_SCALED_UP, step.after.reason)
+            new_planned_on = None  # the next re-plan is due whatever the workload: it confirms
     if choice.ran:
         last_planned = now
         new_planned_on = snapshot(stats) if stats is not None else None
@@ -178,7 +208,9 @@ def plan_pass(
             "PlanChanged",
             f"Plan {before} -> {plan.describe()} (revision {revision}): {plan.reason}",
         )
-        last_planned = last_change = now
+        last_change = now
+        if step is None:
+            last_planned = now
     new = replace(
         memory,
         plan=plan_status,
@@ -187,4 +219,9 @@ def plan_pass(
         planned_on=new_planned_on,
         decision=decision,
     )
-    return PlanPassResult(plan_status.to_plan(), new, choice.note, planner_s)
+    return PlanPassResult(plan_status.to_plan(), new, note, planner_s)
+
+
+def _fast(spec: EPDDeploymentSpec, plan: Plan, read_alarms: ReadAlarms) -> FastStep | None:
+    """The fast path's step; the alarms are read only when a step could be taken."""
+    return fast_step(spec, plan, read_alarms()) if can_grow(spec, plan) else None

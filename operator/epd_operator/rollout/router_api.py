@@ -68,6 +68,26 @@ class RouterAPI:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def waiting(self) -> dict[str, tuple[str, int, int]] | None:
+        """Per pool: its role, instances and requests waiting in their schedulers (the
+        instances' heartbeats); None when the router cannot be asked."""
+        try:
+            resp = httpx.get(
+                f"{self.base_url}/internal/pools", headers=self.headers, timeout=self.timeout_s
+            )
+            resp.raise_for_status()
+            pools = resp.json()["pools"]
+            return {
+                str(name): (
+                    str(info["role"]),
+                    len(info["instances"]),
+                    sum(int(i.get("num_waiting", 0)) for i in info["instances"]),
+                )
+                for name, info in pools.items()
+            }
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
     def trace(self, since_s: float = 0.0) -> list[TraceRecord] | None:
         """Requests that arrived ``since_s`` seconds after router start or later; None when
         the router cannot be asked or answers something that is not a trace."""
