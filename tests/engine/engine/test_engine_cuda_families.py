@@ -57,4 +57,3 @@ def test_cuda_bfloat16_follows_float32(family: str, request: pytest.FixtureReque
     total = sum(len(ref) for ref in reference.values())
     print(f"{family}: bf16 on CUDA matches float32 on {same}/{total} tokens")
     assert same >= 0.75 * total, (same, total, bf16, reference)
-
