@@ -128,12 +128,25 @@ def manifest() -> dict[str, Any]:
     # every pool prefers the losable node; only the decode pool tolerates its taint, and it
     # leaves a node that stopped reporting after EVICT_AFTER_S instead of 300 s
     prefer = {"key": LABEL, "operator": "In", "values": ["true"]}
+    # The operator adds a preference for the decode pool to join its prefill partner's node
+    # (kube/partner_affinity.py); bound first, P would pull D away from the losable node as
+    # often as not (seen once: D on a kwok node). An equal preference against P's node
+    # cancels it, so the node preference decides.
+    away_from_p = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {"epd.serving.dev/deployment": NAME,
+                                              "epd.serving.dev/role": "P"}},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    }  # fmt: skip
     spec["engine"]["affinity"] = {
         "nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
                 {"weight": 100, "preference": {"matchExpressions": [prefer]}}
             ]
-        }
+        },
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [away_from_p]},
     }
     spec["engine"]["roles"] = {"D": {"tolerations": [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
