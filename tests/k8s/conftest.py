@@ -123,6 +123,24 @@ def cluster() -> Iterator[Cluster]:
             subprocess.run([str(ROOT / "tools" / "cluster" / "down.sh")], check=False, timeout=60)
 
 
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> None:
+    """The EPDDeployment CRD applied from crds/ and Established (for tests without the chart)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    wait_until(  # `kubectl wait` fails on a CRD whose status has no conditions yet
+        "the CRD's status",
+        lambda: (
+            (cluster.get("crd", "epddeployments.epd.serving.dev") or {})
+            .get("status", {})
+            .get("conditions")
+        ),
+    )
+    cluster.kubectl(
+        "wait", "--for", "condition=Established", "--timeout", "60s",
+        "crd/epddeployments.epd.serving.dev",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def chart(cluster: Cluster) -> Iterator[str]:
     """``helm install`` the chart (CRD, RBAC, operator Deployment); returns the ServiceAccount."""

@@ -8,28 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.conftest import ROOT, Cluster, wait_until
+from tests.k8s.conftest import ROOT, Cluster
 
 pytestmark = pytest.mark.k8s
 
 EXAMPLE = ROOT / "examples" / "k8s" / "epd-tiny-cpu.yaml"
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    wait_until(  # `kubectl wait` fails on a CRD whose status has no conditions yet
-        "the CRD's status",
-        lambda: (
-            (cluster.get("crd", "epddeployments.epd.serving.dev") or {})
-            .get("status", {})
-            .get("conditions")
-        ),
-    )
-    cluster.kubectl(
-        "wait", "--for", "condition=Established", "--timeout", "60s",
-        "crd/epddeployments.epd.serving.dev",
-    )  # fmt: skip
 
 
 def _set(path: str, value: Any) -> Any:

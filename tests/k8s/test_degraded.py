@@ -24,15 +24,6 @@ EXAMPLE = ROOT / "examples" / "k8s" / "epd-tiny-cpu.yaml"
 NAME = "tiny"
 
 
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.kubectl(
-        "wait", "--for", "condition=Established", "--timeout", "60s",
-        "crd/epddeployments.epd.serving.dev",
-    )  # fmt: skip
-
-
 def _apply_example(cluster: Cluster, namespace: str, **engine: Any) -> None:
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["engine"].update(engine)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.conftest import ROOT, Cluster, wait_until
+from tests.k8s.conftest import Cluster, wait_until
 from tests.k8s.reconcile_once import Pass
 
 pytestmark = pytest.mark.k8s
@@ -36,23 +36,6 @@ SPEC: dict[str, Any] = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    wait_until(  # `kubectl wait` fails on a CRD whose status has no conditions yet
-        "the CRD's status",
-        lambda: (
-            (cluster.get("crd", "epddeployments.epd.serving.dev") or {})
-            .get("status", {})
-            .get("conditions")
-        ),
-    )
-    cluster.kubectl(
-        "wait", "--for", "condition=Established", "--timeout", "60s",
-        "crd/epddeployments.epd.serving.dev",
-    )  # fmt: skip
 
 
 def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any], check: bool = True) -> Any:
