@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -26,6 +25,7 @@ from epd_engine.contracts.affinity import PrefixAffinity
 from epd_engine.contracts.group_locality import choose_handoff, locality
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.hooks import RouterPort
+from epd_engine.disagg.offers import send_offer, stage_targets
 from epd_engine.metrics import Metrics
 from epd_engine.request import PullSpec
 from epd_engine.transfer.backend import Peer, TransferBackend
@@ -34,7 +34,6 @@ from epd_engine.transfer.messages import MigrationOffer
 log = logging.getLogger(__name__)
 # How long a source waits for a peer of the next stage to appear in its table before it
 # hands the request back to the router (longer than the router's 3 s instance timeout).
-TARGET_WAIT_S = 5.0
 
 
 class Peers:
@@ -79,30 +78,11 @@ class Peers:
         return None
 
     async def targets(self, stage: Stage) -> list[InstanceLoad]:
-        """Peers that run ``stage``. An empty table waits a little: an instance learns of its
-        peers from heartbeat answers, so one that just started may not know them yet."""
-        deadline = time.monotonic() + TARGET_WAIT_S
-        while True:
-            me = self.link.identity.instance_id
-            found = [i for i in self.link.instances if i.role.runs(stage) and i.instance_id != me]
-            if found or time.monotonic() >= deadline:
-                return found
-            await asyncio.sleep(self.link.heartbeat_s / 2)
+        """Peers that run ``stage`` (``offers.stage_targets``)."""
+        return await stage_targets(self.link, stage)
 
     async def _send_offer(self, target: InstanceLoad, offer: MigrationOffer) -> bool:
-        try:
-            response = await self.http.post(
-                f"{target.url}/internal/migrations",
-                json=offer.model_dump(mode="json"),
-                headers=self.headers,
-                timeout=10.0,
-            )
-        except httpx.HTTPError as exc:
-            log.warning("offer of %s to %s failed: %r", offer.request_id, target.url, exc)
-            return False
-        if response.status_code != 200:
-            log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
-        return response.status_code == 200
+        return await send_offer(self.http, self.headers, target, offer)
 
     # ---- connections ------------------------------------------------------------------
     def source(self, spec: PullSpec) -> Peer:

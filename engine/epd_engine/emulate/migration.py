@@ -35,6 +35,7 @@ from epd_engine.contracts.affinity import PrefixAffinity
 from epd_engine.contracts.errors import ClientError
 from epd_engine.contracts.group_locality import choose_handoff, locality
 from epd_engine.contracts.routing_policy import InstanceLoad
+from epd_engine.disagg.offers import send_offer, stage_targets
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.engine import EmulatedEngine
 from epd_engine.emulate.instance_metrics import InstanceMetrics
@@ -48,7 +49,6 @@ from epd_engine.transfer.messages import ImageInfo, MigrationOffer, Routing, Sam
 log = logging.getLogger(__name__)
 
 # how long a source waits for a peer of the next stage in its table (as ``disagg/peers.py``)
-TARGET_WAIT_S = 5.0
 
 
 class EmulatedMigration:
@@ -150,28 +150,10 @@ class EmulatedMigration:
         return None
 
     async def _targets(self, stage: Stage) -> list[InstanceLoad]:
-        deadline = time.monotonic() + TARGET_WAIT_S
-        me = self.link.identity.instance_id
-        while True:
-            found = [i for i in self.link.instances if i.role.runs(stage) and i.instance_id != me]
-            if found or time.monotonic() >= deadline:
-                return found
-            await asyncio.sleep(self.link.heartbeat_s / 2)
+        return await stage_targets(self.link, stage)
 
     async def _send_offer(self, target: InstanceLoad, offer: MigrationOffer) -> bool:
-        try:
-            response = await self.http.post(
-                f"{target.url}/internal/migrations",
-                json=offer.model_dump(mode="json"),
-                headers=self.headers,
-                timeout=10.0,
-            )
-        except httpx.HTTPError as exc:
-            log.warning("offer of %s to %s failed: %r", offer.request_id, target.url, exc)
-            return False
-        if response.status_code != 200:
-            log.warning("%s refused %s: %s", target.url, offer.request_id, response.text[:200])
-        return response.status_code == 200
+        return await send_offer(self.http, self.headers, target, offer)
 
     def on_evicted(self, request_id: str) -> None:
         routing = self.routings.pop(request_id, None)

@@ -15,7 +15,7 @@ import pytest
 
 from epd_engine.config import Role, Stage
 from epd_engine.contracts.routing_policy import InstanceLoad
-from epd_engine.disagg import peers
+from epd_engine.disagg import offers
 from epd_engine.disagg.peers import Peers
 from epd_engine.metrics import Metrics
 from epd_engine.request import CacheKind
@@ -49,7 +49,7 @@ async def test_a_fresh_source_waits_for_the_heartbeat_that_brings_its_peers() ->
 
 
 async def test_no_peer_at_all_gives_up_after_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peers, "TARGET_WAIT_S", 0.2)
+    monkeypatch.setattr(offers, "TARGET_WAIT_S", 0.2)
     known, _ = table([ME])
     assert await known.targets(Stage.PREFILL) == []
 
