@@ -71,7 +71,7 @@ class Traffic:
 
     def __init__(self, url: str) -> None:
         self.url, self.rate = url, 1.0
-        self.ok = self.failed = 0
+        self.sent = self.ok = self.failed = 0
         self.errors: list[str] = []
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(64)
@@ -99,6 +99,7 @@ class Traffic:
         while not self.stop.is_set():
             self.pool.submit(self._one, i)
             i += 1
+            self.sent = i
             next_s += 1 / self.rate
             time.sleep(max(0.0, next_s - time.monotonic()))
 
@@ -158,4 +159,6 @@ def test_a_load_step_makes_the_fast_path_add_an_encoder(tmp_path: Path) -> None:
     # the step's decision to the new pool serving, well before the re-plan due in 300 s
     assert took_s < 90
     assert traffic.failed == 0, traffic.errors[:3]
-    assert traffic.ok > 50
+    # every request sent was answered; how many depends on how fast the step was served (a
+    # fixed floor failed CI once when the scale-up took 4.4 s: 41 sent, 41 answered)
+    assert traffic.ok == traffic.sent > 20, (traffic.ok, traffic.sent)
