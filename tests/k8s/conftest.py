@@ -9,6 +9,7 @@ Without the binaries (``make cluster-bins``) the tests skip with the reason, unl
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -300,7 +301,11 @@ def operator(
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    # a short digest of the whole id: parametrized tests share their first 40 characters, and
+    # one namespace name meant each case waited ~5 s for the last case's to terminate
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
     name = "e2e-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    name = f"{name}-{digest}"
     cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true")
     cluster.kubectl("create", "namespace", name)
     wait_until(
