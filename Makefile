@@ -50,7 +50,7 @@ serve-single: venv model ## Run one EPD engine instance on the tiny model (no ro
 	$(EPDCTL) serve --model $(MODEL_DIR) --role EPD --port $(PORT)
 
 test: venv ## Run the test suite (k8s tests start the local control plane when its binaries are built)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	tools/test/suite.sh $(PY) $(PYTEST_ARGS)
 
 lint: venv ## ruff lint + format check, mypy, the layout's import contracts (import-linter)
 	$(VENV)/bin/ruff check .
