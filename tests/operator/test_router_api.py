@@ -196,3 +196,28 @@ def test_trace_needs_the_internal_token(router_with_trace_url: str) -> None:
     assert httpx.get(url).status_code == 403
     assert httpx.get(url, headers={"X-EPD-Token": "wrong"}).status_code == 403
     assert len(RouterAPI(router_with_trace_url, TOKEN, timeout_s=5).trace() or []) == 3
+
+
+def test_calls_every_pass_share_one_ssl_context(
+    router_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect: each call built an httpx Client and with it a new SSL context (native memory
+    the allocator kept once several threads called): the ``epdctl up`` supervisor, which asks
+    the router every pass, grew +36 % in the one-hour soak. Now at most one per process."""
+    import ssl
+
+    made: list[object] = []
+    original_new = ssl.SSLContext.__new__
+
+    def counting_new(cls: type[ssl.SSLContext], *args: object, **kwargs: object) -> object:
+        made.append(cls)
+        return original_new(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "__new__", counting_new)
+    api = RouterAPI(router_url, TOKEN)
+    for _ in range(10):  # what passes call: routing and in-flight, waiting, trace, switch
+        assert api.pools_state() is not None
+        assert api.waiting() is not None
+        assert api.trace_window(60.0) is not None
+        assert api.set_routing([])
+    assert len(made) <= 1, f"{len(made)} SSL contexts for 40 calls"

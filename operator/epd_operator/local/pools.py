@@ -28,6 +28,7 @@ from epd_engine.contracts.serve_args import (
     plan_budget_flags,
     searched_budget_flags,
 )
+from epd_engine.local import http_calls
 from epd_engine.local.ports import free_port
 from epd_operator.local import start_priority
 from epd_operator.rollout.pool_identity import PoolSpec
@@ -194,7 +195,7 @@ class LocalPools:
     def _startup_report(self, url: str) -> tuple[dict[str, float], dict[str, int]]:
         """A Ready engine's start-up phases and the budgets it searched (``/health/ready``)."""
         try:
-            body = httpx.get(f"{url}/health/ready", timeout=5).json()
+            body = http_calls.get(f"{url}/health/ready", timeout=5).json()
             phases = {str(k): float(v) for k, v in body.get("startup", {}).items()}
             searched = {
                 str(k): int(v)
@@ -291,7 +292,7 @@ class LocalPools:
 
     def _registered_at(self, router_url: str) -> set[str]:
         try:
-            resp = httpx.get(
+            resp = http_calls.get(
                 f"{router_url}/internal/pools",
                 headers={"X-EPD-Token": self.engines.token},
                 timeout=2,

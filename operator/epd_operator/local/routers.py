@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from epd_engine.config import SLO
+from epd_engine.local import http_calls
 from epd_engine.local.ports import free_port
 from epd_engine.local.tcp_balancer import TcpBalancer
 
@@ -102,7 +103,7 @@ class LocalRouters:
             if popen.poll() is not None:
                 raise RuntimeError(f"the router exited; see {log}")
             try:
-                if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
+                if http_calls.get(f"{url}/health/live", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import httpx
 
+from epd_engine.local import http_calls
 from epd_operator.planning.choice import WorkloadStats
 
 
@@ -28,7 +29,7 @@ class Prometheus:
 
     def scalar(self, expr: str) -> float | None:
         try:
-            resp = httpx.get(
+            resp = http_calls.get(
                 f"{self.url}/api/v1/query", params={"query": expr}, timeout=self.timeout_s
             )
             resp.raise_for_status()

@@ -18,6 +18,7 @@ import httpx
 
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import TraceRecord, duration_s, parse_trace, tail_window, window
+from epd_engine.local import http_calls
 
 TOKEN_HEADER = "X-EPD-Token"
 TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
@@ -57,7 +58,7 @@ class RouterAPI:
         one answer (so the count is read after the routing it reports); None when the router
         cannot be asked."""
         try:
-            resp = httpx.get(
+            resp = http_calls.get(
                 f"{self.base_url}/internal/pools", headers=self.headers, timeout=self.timeout_s
             )
             resp.raise_for_status()
@@ -72,7 +73,7 @@ class RouterAPI:
         """Per pool: its role, instances and requests waiting in their schedulers (the
         instances' heartbeats); None when the router cannot be asked."""
         try:
-            resp = httpx.get(
+            resp = http_calls.get(
                 f"{self.base_url}/internal/pools", headers=self.headers, timeout=self.timeout_s
             )
             resp.raise_for_status()
@@ -108,7 +109,7 @@ class RouterAPI:
 
     def _trace(self, params: dict[str, float]) -> tuple[list[TraceRecord], float | None] | None:
         try:
-            resp = httpx.get(
+            resp = http_calls.get(
                 f"{self.base_url}/v1/trace",
                 params=params,
                 headers=self.headers,
@@ -128,7 +129,7 @@ class RouterAPI:
         if plan is not None:
             body["plan"] = plan.model_dump(mode="json")
         try:
-            resp = httpx.put(
+            resp = http_calls.put(
                 f"{self.base_url}/internal/routing",
                 json=body,
                 headers=self.headers,
