@@ -305,7 +305,10 @@ def pages_in_use(router_urls: Sequence[str], token: str) -> tuple[list[dict[str,
         for pool in body["pools"].values():
             inflight += int(pool["inflight"])
             for inst in pool["instances"]:
-                cap = _capacity(inst["url"])
+                try:
+                    cap = _capacity(inst["url"])
+                except httpx.ConnectError:  # a replaced pool's instance, stopped: the router
+                    continue  # lists it until its heartbeats time out (a switch just before)
                 rows.append(
                     {
                         "router": router,
