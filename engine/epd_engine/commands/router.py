@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
 from epd_engine.cli import UserError
 
 
@@ -83,5 +84,11 @@ def run(args: argparse.Namespace) -> int:
             "with it); `epdctl up` and the operator set it"
         )
     app = create_app(settings_from(args), freeze_heap=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
+    )
     return 0

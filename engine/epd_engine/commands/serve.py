@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
 from epd_engine.cli import UserError
 from epd_engine.config import (
     ATTENTION_BACKENDS,
@@ -313,7 +314,13 @@ def run(args: argparse.Namespace) -> int:
         early_kv=args.kv_handoff == "early",
     )
     app = create_app(settings, freeze_heap=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
+    )
     server = DrainingServer(
         config, lambda: drain(getattr(app.state, "instance", None), args.drain_timeout)
     )

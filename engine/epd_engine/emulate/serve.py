@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
 from epd_engine.cli import UserError
 from epd_engine.config import SLO, Role, internal_token_set
 from epd_engine.contracts.plan import Budgets
@@ -71,5 +72,11 @@ def run_emulated(args: argparse.Namespace) -> int:
         app = create_emulated_app(emulated_settings(args))
     except EmulationError as exc:
         raise UserError(str(exc)) from exc
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
+    )
     return 0
