@@ -9,8 +9,7 @@ over the two router pods), and the operator pod is force-deleted as a crashed no
 an eviction would take it. Needs the real node and ``make images``; skips without them
 unless EPD_REQUIRE_REAL_NODE=1 (CI).
 
-A real node lost under traffic is not drilled here: see docs/kubernetes.md, "What a failure
-costs a client".
+A real node lost under traffic is drilled in test_real_node_lost.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@
 #                                 # (--purge: the imported images and certificates too)
 #   tools/cluster/node.sh import [ARCHIVE...]  # docker-archives into the node's containerd
 #                                 # (default: the epd-*.tar tools/images/build.sh wrote)
+#   tools/cluster/node.sh kubelet-stop|kubelet-start  # the kubelet alone (a lost node's
+#                                 # drill: tests/k8s/test_real_node_lost.py); start waits for Ready
 #
 # The node is tainted epd.serving.dev/real-node=true:NoSchedule so that only pods that ask
 # for it (the real-pod tests) land here; everything else keeps scheduling on kwok. Its IP is
@@ -402,5 +404,8 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   import) shift; import_images "$@" ;;
-  *) echo "usage: $0 check|up|down [--purge]|import [ARCHIVE...]" >&2; exit 2 ;;
+  kubelet-stop) stop_pid kubelet ;;
+  kubelet-start) kubelet_up ;;
+  *) echo "usage: $0 check|up|down [--purge]|import [ARCHIVE...]|kubelet-stop|kubelet-start" >&2
+     exit 2 ;;
 esac
