@@ -157,6 +157,12 @@ bench-switch: venv model ## Switch under load through every method + a ratio: fa
 
 .PHONY: bench-switch
 
+ELASTIC_MINUTES ?= 10
+bench-elastic: venv ## EMULATED H200 fleet (cost model, no engine speed) under the elastic loop: a day in ELASTIC_MINUTES (10); SLO share, failed, GPU-hours vs static, switches; + a 256-GPU day simulated (JSON, PNG)
+	nice -n 5 $(PY) -m benchmarks.bench_elastic --minutes $(ELASTIC_MINUTES) --out benchmarks/results/elastic-emulated.json
+
+.PHONY: bench-elastic
+
 SOAK_S ?= 3600
 bench-soak: venv model ## Soak: mixed traffic through reconciled local E+P+D, a switch every 5 min, SOAK_S seconds (3600): failed/hung, RSS and fds per process, pages, /dev/shm (JSON)
 	nice -n 5 $(PY) -m benchmarks.soak --model $(MODEL_DIR) --duration-s $(SOAK_S) --out benchmarks/results/soak-cpu.json
