@@ -39,6 +39,7 @@ from epd_operator.planning.choice import (
     instance_range,
     is_elastic,
 )
+from epd_operator.planning.levelled import levelled
 from epd_operator.planning.sizing import fewest_instances
 
 MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
@@ -148,7 +149,8 @@ def profiler_proposal(
     Candidates: every method and ratio for the most instances ``spec.capacity`` allows (no
     encode-only pool for text-only traffic), at the spec's TTFT/TPOT SLOs. With an elastic
     capacity and ``target_rps`` (the rate to serve, headroom included): for the fewest
-    instances whose best plan's goodput covers it (``sizing.fewest_instances``), and the
+    instances whose best plan's goodput covers it (``sizing.fewest_instances``) on the window
+    at a level rate (``levelled``: the forecast has its level changes), and the
     ``current`` plan when it has that many instances and covers it too (ties go to the
     current plan). The plan carries
     ``predicted`` (goodput, p90 TTFT/TPOT at it) and its trace provenance; batch budgets are
@@ -160,6 +162,10 @@ def profiler_proposal(
     if not records:
         raise PlanningError("the trace window is empty")
     sample = subsample(records, max_requests)
+    low, high = instance_range(spec)
+    sizes = target_rps is not None and low < high
+    if sizes:  # the forecast reads the window's level changes; the sizing must not again
+        sample = levelled(sample)
     # Pods have their own network namespaces: auto cannot map a peer's memory, it uses tcp;
     # in a group pod it can, for the members (epdctl up runs all on one host, ungrouped)
     grouped = spec.placement.grouped and not same_host
@@ -173,9 +179,8 @@ def profiler_proposal(
         hint = previous_hint(current, num_instances, methods)
         return exhaustive_search(evaluator, num_instances, methods, False, 1, hint)
 
-    low, high = instance_range(spec)
     sizing = ""
-    if target_rps is not None and low < high:
+    if sizes and target_rps is not None:
         sized = fewest_instances(search, low, high, target_rps)
         num_instances, result = sized.num_instances, sized.result
         short = "" if sized.covers else ", the most allowed, short of it"
@@ -197,6 +202,8 @@ def profiler_proposal(
         on = f"{len(sample)} of {total} requests (evenly sampled)"
     if len(methods) < len(ALL_METHODS):
         on += ", text only"
+    if sizes:
+        on += ", at a level rate"
     label = cost_label or str(cost.meta.get("source", "unnamed"))
     link = f", {cost.transfer_backend} link" if cost.transfer_backend else ""
     if link and grouped and (across := link_backend(backend, same_host=False)) in cost.links:
