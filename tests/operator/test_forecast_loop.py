@@ -49,7 +49,7 @@ class FakeRouter:
     def __init__(self, records: list[TraceRecord]) -> None:
         self.records = records
 
-    def trace_window(self, window_s: float) -> TraceWindow:
+    def trace_window(self, window_s: float, in_flight: bool = False) -> TraceWindow:
         return TraceWindow(self.records, SPAN_S)
 
 

@@ -107,7 +107,7 @@ class FakeRouter:
     def __init__(self, records: list[Any]) -> None:
         self.records = records
 
-    def trace_window(self, window_s: float) -> TraceWindow:
+    def trace_window(self, window_s: float, in_flight: bool = False) -> TraceWindow:
         return TraceWindow(self.records, 900.0)
 
 

@@ -143,7 +143,7 @@ def test_each_decision_is_an_event_saying_why() -> None:
 
 
 class NoTrace:
-    def trace_window(self, window_s: float) -> None:
+    def trace_window(self, window_s: float, in_flight: bool = False) -> None:
         return None
 
 

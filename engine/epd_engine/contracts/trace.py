@@ -78,6 +78,11 @@ class TraceRecord(BaseModel):
     # Prompt tokens the serving instances' caches served (usage ``cached_tokens``: KV prefix
     # pages, images found encoded): the simulator starts the request's prefill after them.
     cached_tokens: int | None = Field(default=None, ge=0)
+    # The router's live trace read with ``in_flight``: a request not finished when read, with
+    # what is known of it so far (its arrival; its shape once the entry instance reported it;
+    # ``output_tokens`` so far). The planner counts its arrival: under a backlog the finished
+    # requests alone show the rate the fleet managed, not the rate offered.
+    in_flight: bool | None = None
 
     @property
     def text_only(self) -> bool:

@@ -59,16 +59,20 @@ TRACE_CLOCK_HEADER = "X-EPD-Trace-Clock-S"
 # served on the public port, which clients and internal callers share.
 @router.get("/v1/trace", dependencies=[Depends(require_token)])
 async def trace(
-    request: Request, since: float = 0.0, last: float | None = None
+    request: Request, since: float = 0.0, last: float | None = None, in_flight: bool = False
 ) -> StreamingResponse:
     """The live trace as JSONL: requests that arrived ``since`` seconds after router start, or
     (``last``) in the last that many seconds. Arrival times are seconds since router start;
-    the ``X-EPD-Trace-Clock-S`` header is that clock now, so a caller knows the span covered."""
+    the ``X-EPD-Trace-Clock-S`` header is that clock now, so a caller knows the span covered.
+    Finished requests only, unless ``in_flight``: then those not finished yet follow, marked
+    (the planner's view of the offered rate)."""
     dispatcher = _dispatcher(request)
     clock_s = time.monotonic() - dispatcher.started_s
     if last is not None:
         since = max(since, clock_s - last)
     records = dispatcher.recorder.since(since)
+    if in_flight:
+        records += dispatcher.in_flight_records(since)
     lines = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records)
     return StreamingResponse(
         iter([lines]),

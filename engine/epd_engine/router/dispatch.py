@@ -232,6 +232,27 @@ class Dispatcher:
         for instance_id in set(request.instances):  # the holder is the last of them
             self.registry.note_gone(instance_id, request.router_request_id)
 
+    def in_flight_records(self, since_s: float) -> list[TraceRecord]:
+        """The requests not finished yet that arrived ``since_s`` (router clock) or later, as
+        trace records of what is known so far (``TraceRecord.in_flight``)."""
+        out = []
+        for request in list(self.inflight.values()):
+            arrival_s = request.arrival_s - self.started_s
+            if arrival_s < since_s or request.finished:
+                continue
+            info = request.prompt_info
+            out.append(
+                TraceRecord(
+                    arrival_s=arrival_s,
+                    prompt_tokens=int(info.get("prompt_tokens", 0)),
+                    images=tuple(ImageRef(**i) for i in info.get("images", [])),
+                    output_tokens=max(1, len(request.token_ids)),
+                    request_id=request.router_request_id,
+                    in_flight=True,
+                )
+            )
+        return sorted(out, key=lambda r: r.arrival_s)
+
     def finish(self, request: InflightRequest, outcome: str) -> None:
         """Record metrics and the trace line of a request that is over."""
         self.inflight.pop(request.router_request_id, None)

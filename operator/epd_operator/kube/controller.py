@@ -27,6 +27,7 @@ from epd_operator.kube import operator_metrics as metrics
 from epd_operator.kube.client import Kube
 from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.offered import offered
 from epd_operator.planning.plan_pass import ALARM_WINDOW_S, PlanMemory, measure_switch, plan_pass
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
@@ -191,14 +192,15 @@ def reconcile(
     # which plan (the same decision as local mode's)
     def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
         stats: WorkloadStats | None = None
-        trace = router.trace_window(spec.profiler.trace_window_seconds)
-        if trace is not None:
-            stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
+        trace = router.trace_window(spec.profiler.trace_window_seconds, in_flight=True)
+        records = offered(trace.records) if trace is not None else None
+        if trace is not None and records is not None:
+            stats = workload_stats(records, trace.span_s, spec.slo.to_slo())
         if spec.monitoring.prometheus_url:
             prom = Prometheus(spec.monitoring.prometheus_url)
             live = prom.workload(spec.model.name, namespace, spec.profiler.trace_window_seconds)
             stats = with_live_attainment(stats, live)
-        return (trace.records if trace is not None else None), stats
+        return records, stats
 
     current_pools = (
         {p.name for p in r.deployment_pools(owner, status.plan.to_plan())} if status.plan else None

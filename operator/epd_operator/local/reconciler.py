@@ -22,6 +22,7 @@ from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local.pools import LocalEngines, LocalPools
 from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.offered import offered
 from epd_operator.planning.plan_pass import (
     ALARM_WINDOW_S,
     PlanMemory,
@@ -124,11 +125,12 @@ class LocalReconciler:
         self.pools.engines = replace(self.engines, engine_args=engine_args(spec))
 
         def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
-            trace = self.router.trace_window(spec.profiler.trace_window_seconds)
+            trace = self.router.trace_window(spec.profiler.trace_window_seconds, in_flight=True)
             if trace is None:
                 return None, None
-            stats = workload_stats(trace.records, trace.span_s, spec.slo.to_slo())
-            return trace.records, stats
+            records = offered(trace.records)
+            stats = workload_stats(records, trace.span_s, spec.slo.to_slo())
+            return records, stats
 
         owner = Owner(name=self.name, namespace="local", uid="local", spec=spec)
         current = self.memory.plan

@@ -95,9 +95,13 @@ class RouterAPI:
         got = self._trace({"since": since_s})
         return None if got is None else got[0]
 
-    def trace_window(self, window_s: float) -> TraceWindow | None:
-        """The last ``window_s`` seconds of the trace, rebased to start at 0; None as ``trace``."""
-        got = self._trace({"last": window_s})
+    def trace_window(self, window_s: float, in_flight: bool = False) -> TraceWindow | None:
+        """The last ``window_s`` seconds of the trace, rebased to start at 0; None as ``trace``.
+        With ``in_flight``, the requests not finished yet too (``TraceRecord.in_flight``)."""
+        params: dict[str, float] = {"last": window_s}
+        if in_flight:
+            params["in_flight"] = 1
+        got = self._trace(params)
         if got is None:
             return None
         records, clock_s = got
