@@ -30,6 +30,13 @@ def config(server: FakeOpenAI, **kw: object) -> DriverConfig:
     return DriverConfig(endpoint=server.url, model="fake-model", progress=False, **kw)  # type: ignore[arg-type]
 
 
+def within(value: float | None, floor: float, late_s: float) -> bool:
+    """``value`` is no earlier than the server made it (less a clock tick) and at most
+    ``late_s`` later: a loaded host delays the server's sleeps and the client's reads (the
+    Kubernetes tests run beside these), never advances them."""
+    return value is not None and floor - 0.01 <= value <= floor + late_s
+
+
 def test_measures_ttft_and_every_gap(fake_openai: FakeOpenAI) -> None:
     fake_openai.behaviour.first_token_delay_s = 0.2
     fake_openai.behaviour.token_interval_s = 0.05
@@ -37,16 +44,20 @@ def test_measures_ttft_and_every_gap(fake_openai: FakeOpenAI) -> None:
     results = replay(records, config(fake_openai))
     for r in results:
         assert r.ok, r.error
-        assert r.ttft_s == pytest.approx(0.2, abs=0.08)
+        assert within(r.ttft_s, 0.2, late_s=0.5), r.ttft_s
         assert len(r.itl_s) == 5  # 6 tokens, 5 gaps; the empty role chunk is not a token
-        assert statistics.median(r.itl_s) == pytest.approx(0.05, abs=0.02)
-        assert r.e2e_s == pytest.approx(0.2 + 5 * 0.05, abs=0.1)
+        assert within(statistics.median(r.itl_s), 0.05, late_s=0.1), r.itl_s
+        assert within(r.e2e_s, 0.2 + 5 * 0.05, late_s=1.0), r.e2e_s
+        # the first token, then every gap: together the whole answer, at any load
+        assert (r.ttft_s or 0.0) + sum(r.itl_s) == pytest.approx(r.e2e_s, abs=0.05)
         assert r.num_output_tokens == 6
-    # Open loop: sends follow the trace's arrival times.
-    assert [r.arrival_s for r in results] == pytest.approx([0.0, 0.05, 0.1], abs=0.03)
-    summary = summarize(results, SLO(ttft_s=1.0, tpot_s=0.1))
+    # Open loop: sends follow the trace's arrival times (in order, none early).
+    sent = [r.arrival_s for r in results]
+    assert sent == sorted(sent)
+    assert all(within(s, at, late_s=0.2) for s, at in zip(sent, [0.0, 0.05, 0.1], strict=True))
+    summary = summarize(results, SLO(ttft_s=2.0, tpot_s=0.5))  # late only on a broken run
     assert summary.attainment == 1.0
-    assert summary.tpot.mean_s == pytest.approx(0.05, abs=0.02)
+    assert within(summary.tpot.mean_s, 0.05, late_s=0.1)
 
 
 def test_requests_reach_the_server_as_sent(fake_openai: FakeOpenAI) -> None:
@@ -84,7 +95,7 @@ def test_errors_are_counted_not_raised(fake_openai: FakeOpenAI) -> None:
     assert by_id["r0"].ok and by_id["r3"].ok
     assert not by_id["r1"].ok and "InternalServerError" in (by_id["r1"].error or "")
     assert not by_id["r2"].ok and by_id["r2"].num_output_tokens == 2  # cut mid-stream
-    summary = summarize(results, SLO())
+    summary = summarize(results, SLO(ttft_s=5.0, tpot_s=1.0))  # the errors are the misses
     assert summary.num_errors == 2 and summary.attainment == 0.5
     assert summary.num_short_outputs == 0
 
