@@ -21,14 +21,25 @@ REQUEST = b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-ali
 
 
 def _exchange(sock: socket.socket) -> bytes:
+    """One request and its whole response (headers, then content-length bytes of body)."""
     sock.sendall(REQUEST)
     answer = b""
-    while b"\r\n\r\n" not in answer:
+    while b"\r\n\r\n" not in answer or len(answer) < _length(answer):
         chunk = sock.recv(4096)
         if not chunk:
             return answer  # the server closed the connection
         answer += chunk
     return answer
+
+
+def _length(answer: bytes) -> int:
+    """The response's whole length once its headers are in."""
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(head) + 4 + int(value)
+    return len(head) + 4
 
 
 @pytest.mark.slow
