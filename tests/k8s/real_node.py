@@ -228,4 +228,11 @@ def delete_namespace(cluster: Cluster, name: str) -> None:
             "--type", "merge", "-p", '{"metadata": {"finalizers": null}}',
             check=False,
         )  # fmt: skip
-    cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true")
+    cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+    # pods of a node that was lost and came back can take minutes to terminate on a loaded
+    # host (past kubectl's 120 s here once, after test_real_node_lost)
+    deadline = time.monotonic() + 300
+    while cluster.get("namespace", name) is not None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"namespace {name} still terminating after 300 s")
+        time.sleep(1.0)
