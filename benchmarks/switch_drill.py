@@ -98,7 +98,15 @@ class Answer:
 
 
 def ask(url: str, messages: list[dict[str, Any]], stream: bool, timeout_s: float = 120) -> Answer:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+    # Closed on return: an unclosed client keeps its connection open until the garbage
+    # collector finds it, and the soak then counts those idle connections against the router.
+    with openai.OpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout_s
+    ) as client:
+        return _ask(client, messages, stream)
+
+
+def _ask(client: openai.OpenAI, messages: list[dict[str, Any]], stream: bool) -> Answer:
     start = time.monotonic()
     common: dict[str, Any] = {
         "model": MODEL_NAME,
