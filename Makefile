@@ -152,6 +152,11 @@ bench-emulate-start: venv ## An emulated instance's start (exec -> ready, CPU an
 
 .PHONY: bench-emulate-start
 
+bench-engine-start: venv model ## A real engine's start (spawn -> ready, CPU and wall s), afresh vs forked from the zygote (JSON)
+	$(PY) -m benchmarks.bench_engine_start --model $(MODEL_DIR) --runs 5 --out benchmarks/results/engine-start-cpu.json
+
+.PHONY: bench-engine-start
+
 bench-switch: venv model ## Switch under load through every method + a ratio: failures, TTFT around switches, decision->serving (JSON)
 	$(PY) -m benchmarks.switch_drill --model $(MODEL_DIR) --out benchmarks/results/switch-cpu.json
 

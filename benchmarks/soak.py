@@ -121,7 +121,8 @@ def process_name(pid: int, root: int, names: dict[int, str]) -> str:
     if pid == root:
         return "supervisor"
     try:
-        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        # split on spaces too: a process forked from the zygote shows one titled string
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return f"gone-{pid}"

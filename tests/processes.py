@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 
 from epd_engine.local.ports import free_port as free_port  # the tests' one port helper
+from epd_engine.local.spawn import ChildProcess, spawn_epdctl
 
 EPDCTL = [sys.executable, "-m", "epd_engine"]
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120) -> None:
+def wait_ready(url: str, proc: ChildProcess, log: Path, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -35,16 +36,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
 @contextmanager
 def running(
     args: Sequence[str], ready_url: str, log: Path, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[ChildProcess]:
     """Run ``epdctl ARGS`` until the block ends; its output goes to ``log``."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*EPDCTL, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
+        proc = spawn_epdctl(args, out, {**os.environ, **(env or {})})
     try:
         wait_ready(ready_url, proc, log)
         yield proc
@@ -52,7 +47,7 @@ def running(
         stop(proc)
 
 
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+def stop(proc: ChildProcess, timeout_s: float = 15) -> None:
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGINT)

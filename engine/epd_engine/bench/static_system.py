@@ -14,7 +14,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from epd_engine.contracts.gpu_placement import local_gpu_slots
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags, slo_flags
 from epd_engine.local.ports import free_port
+from epd_engine.local.spawn import ChildProcess, spawn_epdctl
 from epd_engine.local.state_file import read_state, remove_state, write_state
 from epd_engine.local.tcp_balancer import TcpBalancer
 
@@ -167,19 +167,12 @@ class Process:
         self.restart_at_s: float | None = None  # set while dead and waiting its back-off
         self.popen = self._spawn()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> ChildProcess:
         self.started_s = time.monotonic()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:  # appended: a crash's log survives the restart
-            return subprocess.Popen(
-                [sys.executable, "-m", "epd_engine", *self.args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-                # its own process group: `down` stops it and anything it started, and
-                # Ctrl-C reaches `up`, which stops children in order
-                start_new_session=True,
-            )
+            # in its own session (spawn_epdctl): stopped with anything it started by killpg
+            return spawn_epdctl(self.args, out, {**os.environ, **self.env})
 
     def schedule_restart(self) -> float:
         """It died: when to start it again (seconds from now)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from epd_engine.contracts.serve_args import (
 )
 from epd_engine.local import http_calls
 from epd_engine.local.ports import free_port
+from epd_engine.local.spawn import ChildProcess, spawn_epdctl
 from epd_operator.local import start_priority
 from epd_operator.rollout.pool_identity import PoolSpec
 from epd_operator.rollout.state_machine import ObservedPool
@@ -75,7 +75,7 @@ def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
 @dataclass
 class _Replica:
     instance_id: str
-    popen: subprocess.Popen[bytes]
+    popen: ChildProcess
     budget_key: BudgetKey
     url: str = ""
     spawned: float = 0.0  # wall clock (epoch s) when the process was started
@@ -256,13 +256,7 @@ class LocalPools:
         log.parent.mkdir(parents=True, exist_ok=True)
         spawned = time.time()
         with log.open("ab") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "epd_engine", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+            popen = spawn_epdctl(args, out, env)
         replica = _Replica(
             instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
         )
@@ -274,7 +268,7 @@ class LocalPools:
             for instance_id in instance_ids:
                 self.engines.gpu_slots.release(instance_id)
 
-    def _stop(self, popens: list[subprocess.Popen[bytes]]) -> None:
+    def _stop(self, popens: list[ChildProcess]) -> None:
         for popen in popens:
             if popen.poll() is None:
                 os.killpg(popen.pid, signal.SIGINT)
