@@ -1,8 +1,8 @@
 """How ``LocalPools`` starts engine processes: budgets searched once per role and settings
 are given to the next instances, and each replica's start-up timeline is kept.
 
-No engine runs here: ``subprocess.Popen`` and the HTTP reads are replaced, so the test
-looks only at the arguments each replica is started with.
+No engine runs here: ``spawn_epdctl`` and the HTTP reads are replaced, so the test looks
+only at the arguments each replica is started with.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from epd_operator.local.pools import LocalEngines, LocalPools
 class FakePopen:
     started: ClassVar[list[list[str]]] = []
 
-    def __init__(self, cmd: list[str], **_: Any) -> None:
-        FakePopen.started.append(cmd)
+    def __init__(self, args: list[str], *_: Any) -> None:
+        FakePopen.started.append(list(args))
         self.pid = 4_000_000 + len(FakePopen.started)
 
     def poll(self) -> None:
@@ -47,7 +47,7 @@ def _arg(cmd: list[str], flag: str) -> str | None:
 @pytest.fixture
 def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalPools:
     FakePopen.started = []
-    monkeypatch.setattr(local_pools.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(local_pools, "spawn_epdctl", FakePopen)
     searched = {Role.P: {"token_budget": 96}, Role.E: {"image_token_budget": 1152}}
 
     def get(url: str, **_: Any) -> FakeResponse:
@@ -57,7 +57,7 @@ def pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalPools:
             return FakeResponse({"pools": {"all": {"instances": instances}}})
         port = url.rsplit(":", 1)[1].split("/")[0]
         cmd = next(c for c in FakePopen.started if _arg(c, "--port") == port)
-        role = Role(_arg(cmd, "--role"))
+        role = Role(str(_arg(cmd, "--role")))
         given = "--token-budget" in cmd or "--image-token-budget" in cmd
         return FakeResponse(
             {

@@ -95,13 +95,13 @@ def test_local_pools_restore_a_replica_when_a_pass_sees_it_ready(
     started: list[subprocess.Popen[bytes]] = []
     real_popen = subprocess.Popen
 
-    def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    def spawn(args: list[str], *_: Any) -> subprocess.Popen[bytes]:
         process = real_popen([sys.executable, "-c", CHILD])  # stands in for the engine
         started.append(process)
         return process
 
     registered: list[str] = []
-    monkeypatch.setattr(local_pools.subprocess, "Popen", popen)
+    monkeypatch.setattr(local_pools, "spawn_epdctl", spawn)
     monkeypatch.setattr(local_pools.httpx, "get", lambda url, **_: _Registered(registered))
     engines = LocalEngines(tmp_path / "model", "tiny", "http://127.0.0.1:1", tmp_path, "token")
     pools = LocalPools(engines)
