@@ -52,6 +52,9 @@ class FakeRouter:
     def trace_window(self, window_s: float, in_flight: bool = False) -> TraceWindow:
         return TraceWindow(self.records, SPAN_S)
 
+    def waiting(self) -> dict[str, tuple[str, int, int]]:  # the fast path's queues: none
+        return {}
+
 
 class StubRollout:
     """The rollout, stubbed: every pool of the plan is switched to at once when ``switch``."""
@@ -126,7 +129,9 @@ def test_a_rising_rate_is_sized_for_its_forecast_and_the_status_says_why(
     # the rate goes on rising: the next re-plan looks 40 s ahead and scales up for it
     loop.router = FakeRouter(ramp(12.0, 24.0, seed=1))  # type: ignore[assignment]
     rollout.switch = False
-    status = loop.reconcile(spec, T0 + timedelta(seconds=400))
+    loop.reconcile(spec, T0 + timedelta(seconds=400))  # starts the re-plan beside the passes
+    assert loop.search.wait(120)
+    status = loop.reconcile(spec, T0 + timedelta(seconds=401))  # and takes its choice
     why = status.to_json()["decision"]
     assert why["horizonSeconds"] == 40 and why["horizonSource"] == "last switch"
     assert float(why["forecastRps"]) == pytest.approx(24.0 + 12.0 / SPAN_S * 45.0, rel=0.1)

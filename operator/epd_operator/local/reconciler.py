@@ -3,9 +3,10 @@
 
 One pass is the operator's (``controller.reconcile``) with the other backend: the plan
 comes from ``plan_pass.plan_pass`` (the router's trace window, ``loop.choose_plan`` with its
-hysteresis and cooldown), the pools are ``epdctl serve`` processes (``LocalPools``) and the
-rollout is ``rollout_driver.rollout_pass`` against the local router: new pools first, the
-routing switched and read back, old pools drained, then stopped. The profiler plans with
+hysteresis and cooldown; a re-plan runs beside the passes, ``background_search``), the pools
+are ``epdctl serve`` processes (``LocalPools``) and the rollout is
+``rollout_driver.rollout_pass`` against the local router: new pools first, the routing
+switched and read back, old pools drained, then stopped. The profiler plans with
 ``cost_source`` (``epdctl up --cost-model FILE``, see ``cost_file``; else the built-in
 reference), over the ``shm`` link ``auto`` transfers use between processes of one host.
 """
@@ -21,11 +22,13 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local.pools import LocalEngines, LocalPools
 from epd_operator.planning.alarm import SloAlarm
+from epd_operator.planning.background_search import BackgroundSearch
 from epd_operator.planning.choice import WorkloadStats
 from epd_operator.planning.offered import offered
 from epd_operator.planning.plan_pass import (
     ALARM_WINDOW_S,
     PlanMemory,
+    Searched,
     measure_switch,
     plan_pass,
 )
@@ -115,6 +118,7 @@ class LocalReconciler:
         self.cost_label = cost_source()[1]
         self.alarms = AlarmReader(alarm_window_s)
         self.memory = PlanMemory()
+        self.search: BackgroundSearch[Searched] = BackgroundSearch()  # re-plans beside passes
         self.state = RolloutState()
         self.planned: tuple[str, str, str] | None = None  # the last Planned note (Auto)
         self.metrics = metrics
@@ -154,6 +158,7 @@ class LocalReconciler:
             read_alarms=read_alarms,
             serving=self.state.active_pools == current_pools,
             alarm_window_s=self.alarms.window_s,
+            search=self.search,
         )
         self.memory = passed.memory
         plan = passed.plan

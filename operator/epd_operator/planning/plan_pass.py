@@ -21,9 +21,11 @@ from epd_operator.api.conditions import ConditionState
 from epd_operator.api.decision_status import PlanDecision
 from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus, WorkloadSnapshot
 from epd_operator.planning.alarm import SloAlarm
+from epd_operator.planning.background_search import BackgroundSearch
 from epd_operator.planning.choice import (
-    Planner,
+    PlanChoice,
     WorkloadStats,
+    budget_changed,
     choose_plan,
     heuristic_planner,
     replan_due,
@@ -99,6 +101,16 @@ class PlanMemory:
 
 
 @dataclass(frozen=True)
+class Searched:
+    """A re-plan's outcome with what it was made on (run in the pass or beside it)."""
+
+    choice: PlanChoice
+    stats: WorkloadStats | None
+    forecast: Forecast | None
+    planner_s: float
+
+
+@dataclass(frozen=True)
 class PlanPassResult:
     plan: Plan  # to roll out (as the status records it, so every pass renders the same)
     memory: PlanMemory
@@ -147,6 +159,7 @@ def plan_pass(
     read_alarms: ReadAlarms = no_alarms,
     serving: bool = True,
     alarm_window_s: float = ALARM_WINDOW_S,
+    search: BackgroundSearch[Searched] | None = None,
 ) -> PlanPassResult:
     """One pass's plan. ``cost_source`` names the cost model the profiler plans with (its
     label ends up in the plan's reason); ``same_host``: the pools are local processes.
@@ -155,7 +168,11 @@ def plan_pass(
     alarms (``read_alarms``) and may add an instance to the bottleneck stage
     (``fast_path``); only once the last change serves (``serving``: every router replica
     routes to the current plan's pools) and a scrape window (``alarm_window_s``) has passed
-    since its switch, so that the alarm is about the current plan."""
+    since its switch, so that the alarm is about the current plan.
+
+    With ``search``, a re-plan of a serving plan runs beside the passes (``background_search``):
+    the pass that finds it due starts it and goes on with the current plan, and the first
+    pass after it finished takes its choice. Without, it runs in the pass (tests, tools)."""
 
     def since(t: datetime | None) -> float:
         return (now - t).total_seconds() if t else float("inf")
@@ -163,11 +180,10 @@ def plan_pass(
     last_planned, last_change = memory.last_planned, memory.last_change
     since_plan = since(last_planned)
     planned_on = from_snapshot(memory.planned_on) if memory.planned_on else None
-    stats: WorkloadStats | None = None
-    forecast: Forecast | None = None
     horizon_s, horizon_source = rollout_horizon(memory.last_switch_s)
-    planner: Planner = heuristic_planner
-    if replan_due(spec, memory.plan, since_plan):  # Auto only; the window is read only then
+
+    def replan() -> Searched:
+        """Read the window, forecast, and choose (the planner may run for minutes)."""
         records, stats = read_workload()
         stats, forecast = with_forecast(spec, records, stats, horizon_s)
         planner = auto_planner(
@@ -177,11 +193,31 @@ def plan_pass(
             max_requests=plan_max_requests,
             same_host=same_host,
         )
-    started = time.perf_counter()
-    choice = choose_plan(
-        spec, memory.plan, stats, planned_on, since_plan, planner, since(last_change)
-    )
-    planner_s = time.perf_counter() - started if choice.ran else None
+        started = time.perf_counter()
+        choice = choose_plan(
+            spec, memory.plan, stats, planned_on, since_plan, planner, since(last_change)
+        )
+        return Searched(choice, stats, forecast, time.perf_counter() - started)
+
+    searched: Searched | None = None
+    if replan_due(spec, memory.plan, since_plan):  # Auto only; the window is read only then
+        current = memory.plan
+        if search is None or current is None or budget_changed(spec, current):
+            searched = replan()  # in the pass: nothing serves yet, or the spec asks for it
+        else:
+            finished = search.take(current.revision)
+            if finished is not None:
+                searched = finished.result
+            else:
+                search.start(current.revision, replan)
+    if searched is not None:
+        choice, stats, forecast = searched.choice, searched.stats, searched.forecast
+        planner_s = searched.planner_s if choice.ran else None
+    else:  # no re-plan this pass: the current plan (Fixed: the spec's; none yet: heuristic)
+        choice = choose_plan(
+            spec, memory.plan, None, planned_on, since_plan, heuristic_planner, since(last_change)
+        )
+        stats, forecast, planner_s = None, None, None
     plan, plan_status, new_planned_on = choice.plan, memory.plan, memory.planned_on
     note, decision = choice.note, memory.decision
     step: FastStep | None = None
