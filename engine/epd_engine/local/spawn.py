@@ -5,8 +5,8 @@ starts engine processes here. The child is in its own session (``down`` and the 
 with ``killpg``), writes stdout and stderr to ``out``, and is handed back as an object with
 the part of ``subprocess.Popen``'s interface launchers use (``ChildProcess``).
 
-Real engines (``serve`` without ``--emulate``) go through the zygote (``local/zygote.py``);
-``EPD_ZYGOTE=0`` turns it off (every spawn a fresh interpreter, as before it).
+Instances (``serve``, real or ``--emulate``) go through a zygote of their kind
+(``local/zygote.py``); ``EPD_ZYGOTE=0`` turns them off (every spawn a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class ChildProcess(Protocol):
 
 def spawn_epdctl(args: Sequence[str], out: IO[bytes], env: Mapping[str, str]) -> ChildProcess:
     """``python -m epd_engine ARGS`` in its own session, output to ``out``, environment ``env``."""
-    zygote = _zygote_for(env) if _warm_start_helps(args) else None
+    kind = _zygote_kind(args)
+    zygote = _zygote_for(kind, env) if kind is not None else None
     if zygote is not None:
         child = zygote.spawn(list(args), out.fileno(), dict(env))
         if child is not None:
@@ -59,11 +60,12 @@ def spawn_epdctl(args: Sequence[str], out: IO[bytes], env: Mapping[str, str]) ->
     )
 
 
-def _warm_start_helps(args: Sequence[str]) -> bool:
-    """Only a real engine imports what the zygote holds; an emulated one imports neither torch
-    nor transformers, starts in about a second, and must stay small (it would map the
-    zygote's torch)."""
-    return bool(args) and args[0] == "serve" and "--emulate" not in args
+def _zygote_kind(args: Sequence[str]) -> str | None:
+    """Which zygote (``zygote.PRELOAD``) holds what ``args`` imports: a real engine's, or an
+    emulated one's (which must not map torch: it stays small); other commands start afresh."""
+    if not args or args[0] != "serve":
+        return None
+    return "emulated" if "--emulate" in args else "engine"
 
 
 class ZygoteChild:
@@ -104,11 +106,11 @@ class ZygoteChild:
 class Zygote:
     """The launcher's end of one zygote process (``epd_engine.local.zygote``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "engine") -> None:
         ours, theirs = socket.socketpair()
         self.env = dict(os.environ)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "epd_engine.local.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "epd_engine.local.zygote", str(theirs.fileno()), kind],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C is for the launcher; the zygote ends at EOF
@@ -167,25 +169,25 @@ class Zygote:
             self.changed.notify_all()
 
 
-_zygote: Zygote | None = None
-_zygote_failed = False  # once: a launcher does not pay a failing start per spawn
+_zygotes: dict[str, Zygote] = {}  # this process's, by kind
+_failed: set[str] = set()  # kinds whose zygote failed once: not paid again per spawn
 _zygote_lock = threading.Lock()
 
 
-def _zygote_for(env: Mapping[str, str]) -> Zygote | None:
-    """This process's zygote, if ``env`` lets a fork of it stand for a fresh interpreter."""
-    global _zygote, _zygote_failed
-    if os.environ.get("EPD_ZYGOTE", "1") == "0" or _zygote_failed:
+def _zygote_for(kind: str, env: Mapping[str, str]) -> Zygote | None:
+    """This process's zygote of ``kind``, if ``env`` lets a fork of it stand for a fresh
+    interpreter."""
+    if os.environ.get("EPD_ZYGOTE", "1") == "0" or kind in _failed:
         return None
     with _zygote_lock:
-        if _zygote is None or not _zygote.alive:
+        zygote = _zygotes.get(kind)
+        if zygote is None or not zygote.alive:
             try:
-                _zygote = Zygote()
+                zygote = _zygotes[kind] = Zygote(kind)
             except (OSError, RuntimeError) as exc:
-                _zygote_failed = True
-                print(f"epdctl: no zygote, each process starts afresh: {exc}", file=sys.stderr)
+                _failed.add(kind)
+                print(f"epdctl: no {kind} zygote, each starts afresh: {exc}", file=sys.stderr)
                 return None
-        zygote = _zygote
     return zygote if fork_stands_for_exec(env, zygote.env) else None
 
 

@@ -1,5 +1,8 @@
 """Start local engine processes by forking a warm process: torch and transformers load once.
 
+(An emulated instance's zygote holds FastAPI and the emulator instead: its forks start in a
+fraction of a second, where a fresh interpreter takes ~1.1 CPU-s, most of it imports.)
+
 Why: a tiny instance's start costs about 7 s of CPU, and 5 of them are imports (torch ~2.5 s,
 transformers with the ``torch._dynamo`` its processors pull in ~4 s; measured with
 ``time.process_time`` and py-spy). Every local deployment, scale-up and test pays them per
@@ -33,18 +36,22 @@ from typing import Any
 
 import setproctitle
 
-# What `epdctl serve` imports before it loads a model (torch, the server, transformers'
-# processor machinery with torch._dynamo).
-PRELOAD = (
-    "torch",
-    "uvicorn",
-    "epd_engine.server.app",
-    "epd_engine.server.drain",
-    "epd_engine.model.loader",
-    "epd_engine.transfer.factory",
-    "transformers.processing_utils",
-    "transformers.models.auto.processing_auto",
-)
+# What each kind of child imports before it serves: a real engine (`epdctl serve`: torch,
+# the server, transformers' processor machinery with torch._dynamo) or an emulated one
+# (`serve --emulate`: FastAPI and the emulator, no torch, so its children stay small).
+PRELOAD = {
+    "engine": (
+        "torch",
+        "uvicorn",
+        "epd_engine.server.app",
+        "epd_engine.server.drain",
+        "epd_engine.model.loader",
+        "epd_engine.transfer.factory",
+        "transformers.processing_utils",
+        "transformers.models.auto.processing_auto",
+    ),
+    "emulated": ("uvicorn", "epd_engine.emulate.serve"),
+}
 
 
 def serve(sock: socket.socket) -> None:
@@ -145,13 +152,13 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    fd = int(sys.argv[1])
+    fd, kind = int(sys.argv[1]), sys.argv[2]
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops it by closing the socket
     # set up here, while the environment is whole: setproctitle takes over the memory after
     # argv, and its first call in a child (after the environment is replaced) changes nothing
-    setproctitle.setproctitle(f"epdctl zygote (warm engine starts for pid {os.getppid()})")
-    for name in PRELOAD:
+    setproctitle.setproctitle(f"epdctl zygote ({kind} starts for pid {os.getppid()})")
+    for name in PRELOAD[kind]:
         importlib.import_module(name)
     _send(sock, {"ready": True, "python_threads": threading.active_count()})
     serve(sock)

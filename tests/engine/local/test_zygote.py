@@ -8,6 +8,7 @@ gave, or `epdctl down`, restarts and process names break.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.bench_emulate_start import COST_MODEL, rss_mib
 from epd_engine.local.spawn import (
     Zygote,
     ZygoteChild,
@@ -95,10 +97,31 @@ def test_only_epd_variables_may_differ() -> None:
     assert not fork_stands_for_exec({"PATH": "/bin"}, base)  # one removed
 
 
-def test_emulated_and_non_serve_commands_start_afresh(tmp_path: Path) -> None:
-    """They import neither torch nor transformers; forked, an emulated instance would map the
-    zygote's torch and break its 100 MB bound."""
+def test_other_commands_start_afresh(tmp_path: Path) -> None:
     with (tmp_path / "out.log").open("wb") as out:
         plain = spawn_epdctl(["--version"], out, dict(os.environ))
     assert isinstance(plain, subprocess.Popen)
     assert plain.wait(60) == 0
+
+
+def test_an_emulated_instance_forks_from_a_zygote_without_torch(tmp_path: Path) -> None:
+    """Its own zygote: forked from the engine's, it would map torch and break its 100 MB."""
+    port = free_port()
+    args = ["serve", "--emulate", str(COST_MODEL), "--port", str(port), "--log-level", "warning"]
+    with (tmp_path / "emulated.log").open("wb") as out:
+        child = spawn_epdctl(args, out, dict(os.environ))
+    assert isinstance(child, ZygoteChild)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).is_success:
+                    break
+            time.sleep(0.05)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert models["data"][0]["id"].endswith("-emulated")
+        assert rss_mib(child.pid) < 100
+        assert "torch" not in Path(f"/proc/{child.pid}/maps").read_text()
+    finally:
+        child.kill()
+        child.wait(30)
