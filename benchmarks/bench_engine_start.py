@@ -17,9 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-import httpx
-
-from benchmarks.bench_emulate_start import cpu_s, rss_mib
+from benchmarks.bench_emulate_start import cpu_s, rss_mib, until_ready
 from epd_engine.bench.results_file import write_results
 from epd_engine.local import spawn
 from epd_engine.local.ports import free_port
@@ -36,15 +34,7 @@ def one_start(model: Path, forked: bool, log: Path) -> dict[str, float]:
     if forked != isinstance(child, spawn.ZygoteChild):
         raise RuntimeError(f"asked for {'a fork' if forked else 'a fresh start'}, got {child!r}")
     try:
-        while True:
-            if child.poll() is not None:
-                raise RuntimeError(f"the engine exited with {child.returncode}; see {log}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+        until_ready(child, port, f"the engine (log: {log})", poll_s=0.05)
         wall = time.monotonic() - started
         return {"wall_s": wall, "cpu_s": cpu_s(child.pid), "rss_mib": rss_mib(child.pid)}
     finally:
