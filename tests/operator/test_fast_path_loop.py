@@ -159,6 +159,8 @@ def test_a_load_step_makes_the_fast_path_add_an_encoder(tmp_path: Path) -> None:
     # the step's decision to the new pool serving, well before the re-plan due in 300 s
     assert took_s < 90
     assert traffic.failed == 0, traffic.errors[:3]
-    # every request sent was answered; how many depends on how fast the step was served (a
-    # fixed floor failed CI once when the scale-up took 4.4 s: 41 sent, 41 answered)
-    assert traffic.ok == traffic.sent > 20, (traffic.ok, traffic.sent)
+    # every request sent was answered. How many depends on how fast the step was served: a
+    # floor of 50 failed CI when the scale-up took 4.4 s (41 sent), one of 20 when forked
+    # emulated instances served it in 1.8 s (16 sent); 8 is what 4 s at 1 rps and one
+    # second of the step send at the least
+    assert traffic.ok == traffic.sent >= 8, (traffic.ok, traffic.sent)

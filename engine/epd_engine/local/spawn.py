@@ -11,6 +11,8 @@ Instances (``serve``, real or ``--emulate``) go through a zygote of their kind
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import signal
@@ -140,6 +142,18 @@ class Zygote:
                 return None
             return ZygoteChild(self, self.pids.pop(0), args)
 
+    def close(self) -> None:
+        """End the zygote (EOF on its socket) and reap it. Its children live on as they
+        would have without it. Called at the launcher's exit: an unreaped zygote would
+        stay a zombie where PID 1 does not reap orphans (a container's shell)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
     def exit_of(self, pid: int) -> int | None:
         with self.changed:
             if pid in self.exits:
@@ -183,12 +197,19 @@ def _zygote_for(kind: str, env: Mapping[str, str]) -> Zygote | None:
         zygote = _zygotes.get(kind)
         if zygote is None or not zygote.alive:
             try:
+                if not _zygotes:
+                    atexit.register(_close_zygotes)
                 zygote = _zygotes[kind] = Zygote(kind)
             except (OSError, RuntimeError) as exc:
                 _failed.add(kind)
                 print(f"epdctl: no {kind} zygote, each starts afresh: {exc}", file=sys.stderr)
                 return None
     return zygote if fork_stands_for_exec(env, zygote.env) else None
+
+
+def _close_zygotes() -> None:
+    for zygote in _zygotes.values():
+        zygote.close()
 
 
 def fork_stands_for_exec(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> bool:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,8 +31,11 @@ from tests.processes import free_port
 
 
 @pytest.fixture(scope="module")
-def zygote() -> Zygote:
-    return Zygote()
+def zygote() -> Iterator[Zygote]:
+    zygote = Zygote()
+    yield zygote
+    zygote.close()
+    assert zygote.process.returncode == 0  # ended at EOF, and reaped (no zombie left)
 
 
 def test_a_forked_router_is_what_a_started_one_is(zygote: Zygote, tmp_path: Path) -> None:
@@ -78,10 +82,18 @@ def test_exit_codes_and_signals_reach_the_launcher(zygote: Zygote, tmp_path: Pat
         bad = zygote.spawn(["no-such-command"], out.fileno(), zygote.env)
         port = free_port()
         with_secret = {**zygote.env, "EPD_INTERNAL_TOKEN": "t"}  # else it exits at once
-        killed = zygote.spawn(["router", "--port", str(port)], out.fileno(), with_secret)
+        router = ["router", "--model", "m", "--port", str(port)]
+        killed = zygote.spawn(router, out.fileno(), with_secret)
     assert version is not None and bad is not None and killed is not None
     assert version.wait(30) == 0
     assert bad.wait(30) == 2  # argparse's usage error
+    live = f"http://127.0.0.1:{port}/health/live"
+    deadline = time.monotonic() + 60
+    while killed.poll() is None and time.monotonic() < deadline:  # killed while it serves
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(live, timeout=1).is_success:
+                break
+        time.sleep(0.1)
     killed.kill()
     assert killed.wait(30) == -signal.SIGKILL
     assert "epdctl 0." in log.read_text()
