@@ -15,18 +15,10 @@ no longer holds and a fresh search starts.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 _R = TypeVar("_R")
-
-
-@dataclass(frozen=True)
-class Finished(Generic[_R]):
-    result: _R
-    took_s: float  # from start to result (the planner's share is the caller's to measure)
 
 
 class BackgroundSearch(Generic[_R]):
@@ -36,28 +28,25 @@ class BackgroundSearch(Generic[_R]):
         self._lock = threading.Lock()
         self._revision: int | None = None  # what the running or finished search is for
         self._thread: threading.Thread | None = None
-        self._outcome: tuple[_R | None, BaseException | None, float] | None = None
+        self._outcome: tuple[_R | None, BaseException | None] | None = None  # once finished
 
     @property
     def running(self) -> bool:
         with self._lock:
             return self._thread is not None and self._outcome is None
 
-    def take(self, revision: int | None) -> Finished[_R] | None:
+    def take(self, revision: int | None) -> _R | None:
         """The finished search for ``revision``, once (None: none finished for it). A search
         finished for another revision is dropped; a failure is raised here, in the pass."""
         with self._lock:
             if self._outcome is None:
                 return None
-            result, error, took_s = self._outcome
+            result, error = self._outcome
             for_revision = self._revision
             self._outcome, self._thread, self._revision = None, None, None
         if error is not None:
             raise error
-        if for_revision != revision:
-            return None
-        assert result is not None
-        return Finished(result, took_s)
+        return result if for_revision == revision else None
 
     def start(self, revision: int | None, search: Callable[[], _R]) -> bool:
         """Start ``search`` for ``revision`` unless one is running (False then). A search for
@@ -82,10 +71,10 @@ class BackgroundSearch(Generic[_R]):
         return not self.running
 
     def _run(self, search: Callable[[], _R]) -> None:
-        started = time.perf_counter()
+        outcome: tuple[_R | None, BaseException | None]
         try:
-            outcome: tuple[_R | None, BaseException | None, float] = (search(), None, 0.0)
+            outcome = (search(), None)
         except BaseException as exc:  # re-raised in the pass that takes it
-            outcome = (None, exc, 0.0)
+            outcome = (None, exc)
         with self._lock:
-            self._outcome = (outcome[0], outcome[1], time.perf_counter() - started)
+            self._outcome = outcome

@@ -205,10 +205,8 @@ def plan_pass(
         if search is None or current is None or budget_changed(spec, current):
             searched = replan()  # in the pass: nothing serves yet, or the spec asks for it
         else:
-            finished = search.take(current.revision)
-            if finished is not None:
-                searched = finished.result
-            else:
+            searched = search.take(current.revision)
+            if searched is None:
                 search.start(current.revision, replan)
     if searched is not None:
         choice, stats, forecast = searched.choice, searched.stats, searched.forecast
