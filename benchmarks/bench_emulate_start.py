@@ -17,8 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from epd_engine.bench.disagg_bench import wait_http_ready
 from epd_engine.local import spawn
 from epd_engine.local.ports import free_port
 
@@ -55,25 +54,12 @@ def emulated_start(forked: bool = False) -> dict[str, float]:
         command = [sys.executable, "-m", "epd_engine", *args]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        until_ready(proc, port, "the emulated instance")
+        wait_http_ready(proc, f"http://127.0.0.1:{port}/health/ready", None, 120, poll_s=0.02)
         wall = time.monotonic() - started
         return {"wall_s": wall, "cpu_s": cpu_s(proc.pid), "rss_mib": rss_mib(proc.pid)}
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def until_ready(proc: spawn.ChildProcess, port: int, what: str, poll_s: float = 0.02) -> None:
-    """Until ``proc`` answers ``/health/ready`` on ``port``; an error if it exits first."""
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(poll_s)
 
 
 def bare_interpreter_cpu_s() -> float:

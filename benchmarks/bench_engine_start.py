@@ -17,7 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.bench_emulate_start import cpu_s, rss_mib, until_ready
+from benchmarks.bench_emulate_start import cpu_s, rss_mib
+from epd_engine.bench.disagg_bench import wait_http_ready
 from epd_engine.bench.results_file import write_results
 from epd_engine.local import spawn
 from epd_engine.local.ports import free_port
@@ -34,7 +35,7 @@ def one_start(model: Path, forked: bool, log: Path) -> dict[str, float]:
     if forked != isinstance(child, spawn.ZygoteChild):
         raise RuntimeError(f"asked for {'a fork' if forked else 'a fresh start'}, got {child!r}")
     try:
-        until_ready(child, port, f"the engine (log: {log})", poll_s=0.05)
+        wait_http_ready(child, f"http://127.0.0.1:{port}/health/ready", log, 300, poll_s=0.05)
         wall = time.monotonic() - started
         return {"wall_s": wall, "cpu_s": cpu_s(child.pid), "rss_mib": rss_mib(child.pid)}
     finally:

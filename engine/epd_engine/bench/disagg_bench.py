@@ -34,6 +34,7 @@ from epd_engine.config import Method
 from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.contracts.trace import TraceRecord, parse_trace
 from epd_engine.local.ports import free_port
+from epd_engine.local.spawn import ChildProcess
 from epd_engine.slo.outcomes import LatencyStats, RequestResult, summarize
 from epd_engine.workload.generators import WorkloadShape, generate, random_mm
 
@@ -272,16 +273,20 @@ def standalone(config: DisaggBenchConfig, log: Path) -> Iterator[str]:
             popen.wait()
 
 
-def wait_http_ready(popen: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
+def wait_http_ready(
+    popen: ChildProcess, url: str, log: Path | None, timeout_s: float, poll_s: float = 0.3
+) -> None:
+    """Until ``url`` answers 200; an error (with ``log``'s tail) if the process exits first.
+    A start-time benchmark polls often (``poll_s``): the poll's period is its resolution."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"standalone serve exited with {popen.returncode}:\n{tail}")
+            tail = "" if log is None else ":\n" + log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the process serving {url} exited with {popen.returncode}{tail}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=2).status_code == 200:
                 return
-        time.sleep(0.3)
+        time.sleep(poll_s)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
 
 

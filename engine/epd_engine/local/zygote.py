@@ -3,11 +3,11 @@
 (An emulated instance's zygote holds FastAPI and the emulator instead: its forks start in a
 fraction of a second, where a fresh interpreter takes ~1.1 CPU-s, most of it imports.)
 
-Why: a tiny instance's start costs about 7 s of CPU, and 5 of them are imports (torch ~2.5 s,
-transformers with the ``torch._dynamo`` its processors pull in ~4 s; measured with
-``time.process_time`` and py-spy). Every local deployment, scale-up and test pays them per
-process; a fork of a process that already holds them pays none. Android's zygote and
-multiprocessing's forkserver do the same.
+Why: most of a tiny instance's start is imports (torch ~2.5 CPU-s, transformers with the
+``torch._dynamo`` its processors pull in ~4 CPU-s; measured with ``time.process_time`` and
+py-spy). Every local deployment, scale-up and test paid them per process; a fork of a process
+that already holds them pays none (``make bench-engine-start``: 3.2 vs 13.4 CPU-s a start).
+Android's zygote and multiprocessing's forkserver do the same.
 
 The zygote is one process per launcher (started at its first spawn, gone when the launcher
 is). It imports the engine's heavy modules, then waits on a socket. For each spawn it forks;
@@ -18,8 +18,9 @@ its fork is as safe as a DataLoader worker's (torch's import leaves one idle nat
 no CUDA context is copied).
 
 Only a spawn whose environment differs from the zygote's in ``EPD_*`` variables alone goes
-through it: torch and its libraries read other variables (threads, CUDA, allocators) when
-imported, and a child must see its own. Anything else is a plain ``subprocess.Popen``.
+through it (``spawn.fork_stands_for_exec``): torch and its libraries read other variables
+(threads, CUDA, allocators) when imported, and a child must see its own. Anything else is a
+plain ``subprocess.Popen``.
 """
 
 from __future__ import annotations

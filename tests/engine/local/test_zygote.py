@@ -8,12 +8,10 @@ gave, or `epdctl down`, restarts and process names break.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from epd_engine.local.spawn import (
     fork_stands_for_exec,
     spawn_epdctl,
 )
-from tests.processes import free_port
+from tests.processes import free_port, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +46,7 @@ def test_a_forked_router_is_what_a_started_one_is(zygote: Zygote, tmp_path: Path
     assert isinstance(child, ZygoteChild)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health/live", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_ready(f"{url}/health/live", child, log, timeout_s=60)
         # the environment it was given: the secret opens the internal API, nothing else does
         pools = f"{url}/internal/pools"
         assert httpx.get(pools, headers={"X-EPD-Token": token}).status_code == 200
@@ -87,13 +79,7 @@ def test_exit_codes_and_signals_reach_the_launcher(zygote: Zygote, tmp_path: Pat
     assert version is not None and bad is not None and killed is not None
     assert version.wait(30) == 0
     assert bad.wait(30) == 2  # argparse's usage error
-    live = f"http://127.0.0.1:{port}/health/live"
-    deadline = time.monotonic() + 60
-    while killed.poll() is None and time.monotonic() < deadline:  # killed while it serves
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(live, timeout=1).is_success:
-                break
-        time.sleep(0.1)
+    wait_ready(f"http://127.0.0.1:{port}/health/live", killed, log, timeout_s=60)  # serving
     killed.kill()
     assert killed.wait(30) == -signal.SIGKILL
     assert "epdctl 0." in log.read_text()
@@ -120,16 +106,12 @@ def test_an_emulated_instance_forks_from_a_zygote_without_torch(tmp_path: Path) 
     """Its own zygote: forked from the engine's, it would map torch and break its 100 MB."""
     port = free_port()
     args = ["serve", "--emulate", str(COST_MODEL), "--port", str(port), "--log-level", "warning"]
-    with (tmp_path / "emulated.log").open("wb") as out:
+    log = tmp_path / "emulated.log"
+    with log.open("wb") as out:
         child = spawn_epdctl(args, out, dict(os.environ))
     assert isinstance(child, ZygoteChild)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).is_success:
-                    break
-            time.sleep(0.05)
+        wait_ready(f"http://127.0.0.1:{port}/health/ready", child, log, timeout_s=60)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["data"][0]["id"].endswith("-emulated")
         assert rss_mib(child.pid) < 100
