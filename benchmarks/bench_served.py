@@ -318,6 +318,15 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tree_commit() -> str:
+    """HEAD, or EPD_TREE_COMMIT where the tree travelled without its history (a GPU machine)."""
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("EPD_TREE_COMMIT", "unknown (no git history)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava")
@@ -368,7 +377,7 @@ def main() -> int:
         if args.before_path:
             before_commit = f"{args.before_path} (exported tree)"
         result = asyncio.run(bench(args, before))
-    after_commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True)
+    after_commit = tree_commit()
     import torch
     import transformers
 

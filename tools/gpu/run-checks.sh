@@ -52,10 +52,18 @@ SUMMARY=""
 export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 timeout 330 $PY tools/gpu/flashinfer_warm.py >"$OUT/flashinfer-warm.log" 2>&1 &
 warm_pid=$!
+wanted() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
 # Issue 31's 7B Qwen shape (random weights, bf16), written beside the first tests.
-if [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" qwen-7b "* ]]; then
+if wanted qwen-7b; then
   ( $PY -m epd_engine make-model --preset qwen2-vl-7b --dtype bfloat16 /tmp/qwen2-vl-7b \
       >/tmp/make-qwen.log 2>&1; echo $? >/tmp/qwen-made ) &
+fi
+
+# The 7B LLaVA checkpoint the served, start-up and cost steps read, written beside them too
+# (13.5 GB of random weights; once per machine).
+if wanted make-7b && [ ! -f /tmp/llava-made ]; then
+  ( $PY -m epd_engine make-model --preset llava-1.5-7b /tmp/llava-1.5-7b >/tmp/make-7b.log 2>&1
+    echo $? >/tmp/llava-made ) &
 fi
 
 PYTEST=($PY -m pytest -q -o addopts= -p no:cacheprovider -m gpu -rs --timeout 200)
@@ -82,6 +90,11 @@ TAIL=20 step tests-nixl 300 "${PYTEST[@]}" -k nixl tests/engine/transfer/test_gp
   tests/engine/disagg/test_methods_gpu.py
 step bench-gpu-torch 150 $PY -m epd_engine bench-gpu --attention torch --out "$OUT/gpu-torch.json"
 TAIL=16 step bench-transfer-gpu 150 $PY -m epd_engine.bench.transfer_gpu --out "$OUT/transfer-gpu.json"
+# Issue 30: NIXL with UCX's peer error handling off, which is said to leave out the shared-
+# memory and CUDA IPC transports (the 0.5 GB/s above); cuda_ipc beside it as the yardstick.
+TAIL=16 step nixl-no-peer-errors 120 env EPD_NIXL_UCX_ERROR_MODE=none $PY -m \
+  epd_engine.bench.transfer_gpu --backends nixl,cuda_ipc --repeats 20 \
+  --out "$OUT/transfer-gpu-nixl-none.json"
 wait "$warm_pid"; SUMMARY+="flashinfer-warm: rc=$?"$'\n'; tail -4 "$OUT/flashinfer-warm.log"
 TAIL=16 step tests-flashinfer 150 "${PYTEST[@]}" tests/engine/model/test_flashinfer_gpu.py \
   tests/engine/model/test_layer_ops.py tests/engine/bench/test_step_share.py
@@ -94,7 +107,8 @@ step bench-gpu-flashinfer 120 $PY -m epd_engine bench-gpu --attention flashinfer
   --out "$OUT/gpu-flashinfer.json"
 # Served tokens/s through one instance's OpenAI endpoint against transformers' generate, 7B
 # shape, random weights (the checkpoint is written first, as for profile-costs below).
-step make-7b 120 $PY -m epd_engine make-model --preset llava-1.5-7b /tmp/llava-1.5-7b
+step make-7b 200 bash -c "while [ ! -f /tmp/llava-made ]; do sleep 2; done; \
+  tail -3 /tmp/make-7b.log; exit \$(cat /tmp/llava-made)"
 # The GPU image's FlashInfer (issue 30): its kernels built ahead of time (.fi/aot.tgz from the
 # image by tools/images/export_aot.sh, else built here by the image's script), then one cold
 # instance on the 7B shape with FlashInfer's JIT off and an empty HOME: start -> ready and time
@@ -105,8 +119,8 @@ TAIL=40 step served 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b
   --server-log "$OUT/served-server.log" --out "$OUT/served-gpu.json" ${SERVED_ARGS:-}
 # The same, one instance with --async-scheduling against one without (both this tree).
 TAIL=40 step served-async 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
-  --device cuda --batches 8 32 128 --rounds 3 --new-tokens 64 --after-args=--async-scheduling \
-  --before-args= --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
+  --device cuda --new-tokens 64 ${ASYNC_ARGS:---batches 8 32 128 --rounds 3} \
+  --after-args=--async-scheduling --before-args= --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
 # The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
 TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
   --model /tmp/llava-1.5-7b --device cuda --dtype float16 --num-kv-blocks 4096 --rounds 2 \

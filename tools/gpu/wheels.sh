@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >>.git/info/exclude
 PACKAGES=(annotated-types apache-tvm-ffi fastapi flashinfer-python httptools pydantic
   pydantic-core starlette typing-inspection uvicorn opentelemetry-api openai jiter sniffio
-  httpx2 httpcore2 truststore transformers tokenizers huggingface-hub nixl-cu13)
+  httpx2 httpcore2 truststore transformers tokenizers huggingface-hub nixl-cu13 setproctitle)
 pinned() {  # NAME -> NAME==VERSION from the locks
   local line
   line=$(grep -h -m1 -i "^$1==" requirements-gpu.lock requirements.lock | head -1)

@@ -16,6 +16,7 @@ pulls use a fresh agent, and the old one is destroyed once its last in-flight re
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -106,7 +107,10 @@ class Agent:
         agent.agent = api.nixlBind.nixlAgent(self.name, config)
         # Peer error handling (the plugin's default, said here): a peer that dies mid-read
         # fails that read, not this process (seen: a target killed mid-read, source alive).
-        agent.create_backend("UCX", {"ucx_error_handling_mode": "peer"})
+        # It may also leave out UCX transports without peer-failure support (CUDA IPC among
+        # them, suspected from the H200's 0.5 GB/s): EPD_NIXL_UCX_ERROR_MODE=none tries that.
+        mode = os.environ.get("EPD_NIXL_UCX_ERROR_MODE", "peer")
+        agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
         return agent
 
     # ---- peers --------------------------------------------------------------------------
