@@ -123,6 +123,6 @@ TAIL=40 step served-async 330 $PY benchmarks/bench_served.py --model /tmp/llava-
   --after-args=--async-scheduling --before-args= --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
 # The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
 TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
-  --model /tmp/llava-1.5-7b --device cuda --dtype float16 --num-kv-blocks 4096 --rounds 2 \
+  --model /tmp/llava-1.5-7b --device cuda --dtype ${PROFILE_DTYPE:-float16} --num-kv-blocks 4096 --rounds 2 \
   --no-progress --out "$OUT/cost-gpu.json"
 echo "$SUMMARY" | tee -a "$LOG"
