@@ -26,7 +26,8 @@ publish), so a GPU run says whether its steps wait for the device or for the hos
     python benchmarks/bench_served.py --model /tmp/llava-1.5-7b --device cuda \\
         --dtype float16 --out served-gpu.json
     python benchmarks/bench_served.py --model /tmp/llava-1.5-7b --device cuda \\
-        --after-args=--async-scheduling --before-args= --out served-gpu-async.json
+        --after-args=--async-scheduling --before-args=--no-async-scheduling \\
+        --out served-gpu-async.json
 """
 
 from __future__ import annotations
@@ -363,7 +364,8 @@ def main() -> int:
     parser.add_argument(
         "--before-args",
         help="more flags for the before instance; without --before-ref/--before-path it runs "
-        "the newest tree too: --after-args=--async-scheduling --before-args= A/Bs one flag",
+        "the newest tree too: --after-args=--async-scheduling "
+        "--before-args=--no-async-scheduling A/Bs one flag",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -85,6 +85,7 @@ def build_engine(args: argparse.Namespace, cuda_graphs: bool = True) -> LLMEngin
         EngineConfig(
             model_dir=args.model, role=Role.EPD, device=args.device, dtype=args.dtype,
             token_budget=args.token_budget, image_budget=1, cuda_graphs=cuda_graphs,
+            async_scheduling=False,  # step times read one step at a time
         )
     )  # fmt: skip
 

@@ -120,7 +120,7 @@ TAIL=40 step served 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b
 # The same, one instance with --async-scheduling against one without (both this tree).
 TAIL=40 step served-async 330 $PY benchmarks/bench_served.py --model /tmp/llava-1.5-7b \
   --device cuda --new-tokens 64 ${ASYNC_ARGS:---batches 8 32 128 --rounds 3} \
-  --after-args=--async-scheduling --before-args= --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
+  --after-args=--async-scheduling --before-args=--no-async-scheduling --server-log "$OUT/served-server.log" --out "$OUT/served-gpu-async.json"
 # The GPU cost model the planner reads (a random-weight 7B checkpoint is written first).
 TAIL=8 step profile-costs 240 $PY -m epd_engine profile-costs --preset llava-1.5-7b \
   --model /tmp/llava-1.5-7b --device cuda --dtype ${PROFILE_DTYPE:-float16} --num-kv-blocks 4096 --rounds 2 \

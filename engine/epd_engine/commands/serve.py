@@ -69,9 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--async-scheduling",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="schedule and launch step N+1 while step N runs on the GPU, its tokens read back "
-        "after (no gain on a CPU, where a step runs on the host)",
+        "after (default: on with a CUDA device, off on a CPU, where a step runs on the host)",
     )
     p.add_argument(
         "--num-kv-blocks",
