@@ -22,6 +22,7 @@ from epd_operator.kube.controller import reconcile
 class Pass:
     api_client: Any
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    router_urls: tuple[str, ...] = ()  # the routers to ask (default: the router Service's)
 
     def post_event(self, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
@@ -37,7 +38,7 @@ class Pass:
             status = reconcile(
                 Kube(self.api_client), name=name, namespace=namespace, uid=meta["uid"],
                 generation=generation, raw_spec=obj["spec"], raw_status=raw_status,
-                post_event=self.post_event, router_timeout_s=0.2,
+                post_event=self.post_event, router_timeout_s=0.2, router_urls=self.router_urls,
             )  # fmt: skip
         except ApiException as exc:
             if api_errors.reason_of(exc) is None:

@@ -26,9 +26,16 @@ from epd_operator.kube import manifests as r
 from epd_operator.kube import operator_metrics as metrics
 from epd_operator.kube.client import Kube
 from epd_operator.planning.alarm import SloAlarm
+from epd_operator.planning.background_search import BackgroundSearch
 from epd_operator.planning.choice import WorkloadStats
 from epd_operator.planning.offered import offered
-from epd_operator.planning.plan_pass import ALARM_WINDOW_S, PlanMemory, measure_switch, plan_pass
+from epd_operator.planning.plan_pass import (
+    ALARM_WINDOW_S,
+    PlanMemory,
+    Searched,
+    measure_switch,
+    plan_pass,
+)
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
     PLAN_TIMEOUT_S,
@@ -70,6 +77,21 @@ class KubePools:
 # Per EPDDeployment (uid): the fast path's previous queue reading, kept in this process (a
 # restarted operator sees a growing queue one pass later).
 _ALARMS: dict[str, AlarmReader] = {}
+# Per EPDDeployment (uid): its re-plan, run beside the passes (background_search.py); a
+# restarted operator starts a fresh one at its first due pass.
+_SEARCHES: dict[str, BackgroundSearch[Searched]] = {}
+
+
+def replan_finished(uid: str) -> bool:
+    """A background re-plan of this EPDDeployment ended: the next tick's pass takes it."""
+    search = _SEARCHES.get(uid)
+    return search is not None and search.finished
+
+
+def forget(uid: str) -> None:
+    """A deleted EPDDeployment's per-process state (a search still running finishes unread)."""
+    _ALARMS.pop(uid, None)
+    _SEARCHES.pop(uid, None)
 
 
 def _ts(t: datetime) -> str:
@@ -231,6 +253,7 @@ def reconcile(
         plan_max_requests,
         read_alarms=read_alarms,
         serving=set(status.active_pools) == current_pools,
+        search=_SEARCHES.setdefault(uid, BackgroundSearch()),
     )
     if passed.planner_s is not None:
         metrics.PLANNER_SECONDS.labels(namespace, name).observe(passed.planner_s)

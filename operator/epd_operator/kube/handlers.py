@@ -19,7 +19,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from epd_operator.api.spec import GROUP, PLURAL, VERSION
-from epd_operator.kube import api_errors, operator_metrics
+from epd_operator.kube import api_errors, controller, operator_metrics
 from epd_operator.kube.client import Kube
 from epd_operator.kube.controller import reconcile
 from epd_operator.kube.settings import OperatorSettings
@@ -71,10 +71,12 @@ def reconcile_timer(
 ) -> None:
     if meta.get("deletionTimestamp"):
         _last_pass.pop(uid, None)
+        controller.forget(uid)
         return  # children go with their owner (garbage collection)
     now = time.monotonic()
-    if not SETTINGS.pass_due(status, int(meta.get("generation", 0)), _last_pass.get(uid), now):
-        return  # between resyncs, and no rollout in progress
+    due = SETTINGS.pass_due(status, int(meta.get("generation", 0)), _last_pass.get(uid), now)
+    if not due and not controller.replan_finished(uid):
+        return  # between resyncs, no rollout in progress, no re-plan to take
 
     def post_event(type_: str, reason: str, message: str) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)

@@ -35,6 +35,12 @@ class BackgroundSearch(Generic[_R]):
         with self._lock:
             return self._thread is not None and self._outcome is None
 
+    @property
+    def finished(self) -> bool:
+        """A search ended and waits for a pass to take it."""
+        with self._lock:
+            return self._outcome is not None
+
     def take(self, revision: int | None) -> _R | None:
         """The finished search for ``revision``, once (None: none finished for it). A search
         finished for another revision is dropped; a failure is raised here, in the pass."""
