@@ -51,3 +51,15 @@ def router_url(
 def test_methods_match_one_epd_instance(router_url: str, reference: dict[str, str]) -> None:
     assert all(reference.values())
     assert asyncio.run(run_all(f"{router_url}/v1", CASES)) == reference
+
+
+@pytest.mark.parametrize("backend", ["tcp", "collective"])
+def test_e_p_d_over_the_other_backends_matches_one_epd_instance(
+    backend: str, tiny_gemma3_dir: Path, tmp_path: Path, reference: dict[str, str]
+) -> None:
+    """The windowed KV pull (``transfer/plan.py``) through the byte-stream backends too, not
+    only shared memory (``auto`` on one host): a page layout or an offset that only shm got
+    right would change the tokens here."""
+    plan = plan_for(Method.E_P_D, {})
+    with local_system(tiny_gemma3_dir, tmp_path, plan, transfer_backend=backend) as s:
+        assert asyncio.run(run_all(f"{s.spec.router_url}/v1", CASES)) == reference
