@@ -131,11 +131,19 @@ bench-plan: venv ## Plan-search speed: reference scenarios + mixed traces, befor
 	$(PY) benchmarks/bench_plan.py --out benchmarks/results/plan-search.json
 	$(PY) benchmarks/bench_plan.py --mixed --fleet 256x10000 --out benchmarks/results/plan-search-mixed.json
 
-bench-fidelity: venv model ## Real system (epdctl up + bench) vs simulator for 3 methods (JSON)
+bench-fidelity: venv model ## Simulator vs real system: 3 workload shapes x 3 methods x 3 rates, one calibration (JSON)
+	$(PY) benchmarks/bench_fidelity_matrix.py --model-dir $(MODEL_DIR) \
+		--out benchmarks/results/fidelity-matrix-cpu.json
+
+bench-fidelity-quick: venv model ## The same matrix in a few minutes (20 requests, rates 1-2): before a simulator or scheduling change
+	$(PY) benchmarks/bench_fidelity_matrix.py --quick --model-dir $(MODEL_DIR) \
+		--out benchmarks/results/fidelity-matrix-quick-cpu.json
+
+bench-fidelity-textcaps: venv model ## One shape (TextCaps), rates 1-4, as bench-fidelity ran before the matrix (JSON)
 	$(PY) benchmarks/bench_fidelity.py --model-dir $(MODEL_DIR) --rates 1,2,3,4 --slo-ttft 0.75 --slo-tpot 0.1 \
 		--out benchmarks/results/fidelity-cpu.json
 
-.PHONY: bench-plan bench-fidelity
+.PHONY: bench-plan bench-fidelity bench-fidelity-quick bench-fidelity-textcaps
 
 bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, router hop (tiny model, JSON)
 	$(EPDCTL) bench-disagg --model $(MODEL_DIR) --out benchmarks/results/disagg-cpu.json

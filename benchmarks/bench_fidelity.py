@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -224,6 +225,11 @@ def main() -> None:
         default="textcaps",
         help=f"a generator's shape, or {conversations.NAME!r}: sessions of 2-4 turns",
     )
+    parser.add_argument(
+        "--trace-args",
+        default="",
+        help="more `epdctl trace generate` flags (random-mm's shape: '--images-per-request 2')",
+    )
     parser.add_argument("--num", type=int, default=40)
     parser.add_argument("--rates", default="1,2,4", help="sweep rates, req/s")
     parser.add_argument("--slo-ttft", type=float, default=1.0)
@@ -273,7 +279,8 @@ def main() -> None:
         args.interleave = True
     else:
         sh(*EPDCTL, "trace", "generate", "--workload", args.workload, "--num", str(args.num),
-           "--rate", "1", "--seed", "0", "-o", str(args.trace_path))  # fmt: skip
+           "--rate", "1", "--seed", "0", *shlex.split(args.trace_args),
+           "-o", str(args.trace_path))  # fmt: skip
 
     rows = []
     started = time.perf_counter()
@@ -364,7 +371,8 @@ def main() -> None:
         "kind": "epd-bench-fidelity",
         "version": 1,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "workload": args.workload, "num_requests": args.num, "rates_rps": args.rates,
+        "workload": args.workload, "trace_args": args.trace_args,
+        "num_requests": args.num, "rates_rps": args.rates,
         "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
         "cost_model": {"path": str(cost_path), **cost.meta.get("fit", {})},
         "loadavg": os.getloadavg(),  # now; with --reuse-real the real runs are older
