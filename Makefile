@@ -131,7 +131,7 @@ bench-plan: venv ## Plan-search speed: reference scenarios + mixed traces, befor
 	$(PY) benchmarks/bench_plan.py --out benchmarks/results/plan-search.json
 	$(PY) benchmarks/bench_plan.py --mixed --fleet 256x10000 --out benchmarks/results/plan-search-mixed.json
 
-bench-fidelity: venv model ## Simulator vs real system: 3 workload shapes x 3 methods x 3 rates, one calibration (JSON)
+bench-fidelity: venv model ## Simulator vs real system: 4 workload shapes x 3 methods x 3 rates, one calibration (JSON)
 	$(PY) benchmarks/bench_fidelity_matrix.py --model-dir $(MODEL_DIR) \
 		--out benchmarks/results/fidelity-matrix-cpu.json
 

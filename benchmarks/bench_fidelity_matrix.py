@@ -11,7 +11,10 @@ others (issue 37). Shapes (tiny model on CPU):
   simulator was developed on);
 - ``mixed-long``: VisualWebInstruct-shaped, half the requests text-only, 1280x720 images,
   64 tokens out;
-- ``multi-image``: random-mm, 2 images per request (1-3), 100 text tokens, 32 tokens out.
+- ``multi-image``: random-mm, 2 images per request (1-3), 100 text tokens, 32 tokens out;
+- ``multi-turn``: conversations of 2-4 turns resent whole, pictures in some, the engines'
+  prefix cache on (``workload/conversations.py``; a fresh system per rate, no warm-up), so
+  the simulator's prefix and answer-page model meets the real caches (issue 33).
 
 Per workload x method x rate it reports the p90 TTFT and TPOT relative errors
 (|sim - real| / real) beside the real run's own 80 % bootstrap interval of its p90 (an error
@@ -42,6 +45,7 @@ SHAPES: dict[str, list[str]] = {
         "--input-len 100 --output-len 32 --images-per-request 2 --images-range-ratio 0.5 "
         "--image-size 336x336",
     ],
+    "multi-turn": ["--workload", "multiturn"],
 }  # fmt: skip
 GOAL_MEAN_REL_ERROR = 0.10
 QUICK = {"num": 20, "rates": "1,2", "sim_seeds": 3}
@@ -150,6 +154,12 @@ def main() -> int:
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "fidelity-matrix-runs")
     parser.add_argument("--slo-ttft", type=float, default=0.75)
     parser.add_argument("--slo-tpot", type=float, default=0.1)
+    parser.add_argument(
+        "--calibrated",
+        type=Path,
+        help="a calibrated cost model from an earlier matrix run: every shape reuses it and "
+        "none calibrates (to add a shape to a matrix already run)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -158,7 +168,7 @@ def main() -> int:
         parser.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     size = QUICK if args.quick else FULL
     started = time.perf_counter()
-    rows, calibrated = [], None
+    rows, calibrated = [], args.calibrated
     for shape in shapes:
         report = run_shape(shape, args, size, calibrated)
         rows.append(summary(shape, report))
@@ -169,7 +179,10 @@ def main() -> int:
         "version": 1,
         "form": "quick" if args.quick else "full",
         "size": size,
-        "calibration": {"workload": shapes[0], "cost_model": str(calibrated)},
+        "calibration": {
+            "workload": "an earlier run's" if args.calibrated else shapes[0],
+            "cost_model": str(calibrated),
+        },
         "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
         "goal": f"held-out p90 TTFT and TPOT mean |error| <= {GOAL_MEAN_REL_ERROR:.0%} "
         "on every workload (errors are |sim - real| / real)",
