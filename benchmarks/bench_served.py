@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from epd_engine.bench.results_file import write_results
+from epd_engine.bench.results_file import git_commit, write_results
 from epd_engine.local.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -319,15 +319,6 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def tree_commit() -> str:
-    """HEAD, or EPD_TREE_COMMIT where the tree travelled without its history (a GPU machine)."""
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
-                                       stderr=subprocess.DEVNULL)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("EPD_TREE_COMMIT", "unknown (no git history)")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-llava")
@@ -379,7 +370,8 @@ def main() -> int:
         if args.before_path:
             before_commit = f"{args.before_path} (exported tree)"
         result = asyncio.run(bench(args, before))
-    after_commit = tree_commit()
+    # EPD_TREE_COMMIT names the tree where it travelled without its history (a GPU machine)
+    after_commit = git_commit(ROOT)[0] or os.environ.get("EPD_TREE_COMMIT", "unknown (no git)")
     import torch
     import transformers
 
