@@ -107,8 +107,9 @@ class Agent:
         agent.agent = api.nixlBind.nixlAgent(self.name, config)
         # Peer error handling (the plugin's default, said here): a peer that dies mid-read
         # fails that read, not this process (seen: a target killed mid-read, source alive).
-        # It may also leave out UCX transports without peer-failure support (CUDA IPC among
-        # them, suspected from the H200's 0.5 GB/s): EPD_NIXL_UCX_ERROR_MODE=none tries that.
+        # EPD_NIXL_UCX_ERROR_MODE=none turns it off: on the H200, with UCX_CUDA_IPC_ENABLE_
+        # GET_ZCOPY=on as well, a pull between two processes of one GPU went from 0.8 to 130
+        # GB/s (docs/gpu.md); off alone it did not help.
         mode = os.environ.get("EPD_NIXL_UCX_ERROR_MODE", "peer")
         agent.create_backend("UCX", {"ucx_error_handling_mode": mode})
         return agent
