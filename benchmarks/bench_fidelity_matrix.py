@@ -97,6 +97,7 @@ def cells(report: dict[str, Any]) -> list[dict[str, Any]]:
 def summary(shape: str, report: dict[str, Any]) -> dict[str, Any]:
     ttft = report["ttft_p90_mean_rel_error_held_out"]
     tpot = report["tpot_p90_mean_rel_error_held_out"]
+    table = cells(report)
     return {
         "workload": shape,
         "trace": " ".join(SHAPES[shape]),
@@ -106,7 +107,7 @@ def summary(shape: str, report: dict[str, Any]) -> dict[str, Any]:
         "ttft_p90_max_rel_error": max(
             (
                 c["ttft_p90_rel_error"]
-                for c in cells(report)
+                for c in table
                 if c["held_out"] and c["ttft_p90_rel_error"] is not None
             ),
             default=None,
@@ -120,7 +121,7 @@ def summary(shape: str, report: dict[str, Any]) -> dict[str, Any]:
         and tpot <= GOAL_MEAN_REL_ERROR,
         "loadavg_at_end": report["loadavg"],
         "elapsed_s": report["shape_elapsed_s"],
-        "cells": cells(report),
+        "cells": table,
     }
 
 
