@@ -99,6 +99,9 @@ class SLO:
             raise ValueError(f"attainment must be in (0, 1], got {self.attainment}")
 
 
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)  # the GPUs of one node an instance may span
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine instance needs to start. Built from CLI flags or a ConfigMap."""
@@ -160,11 +163,18 @@ class EngineConfig:
     # out of service when the engine thread makes no progress this long while it has work
     # (engine/health.py); 0: never. Above any step's time (a cold kernel's compile included)
     stall_timeout_s: float = 120.0
+    # ranks the language model is split over, one device each (parallel/); the vision tower
+    # and the image cache stay on rank 0
+    tensor_parallel_size: int = 1
+    # a rank waits this long in a collective for a hung peer (a dead one fails it at once)
+    rank_timeout_s: float = 120.0
     fault_injection: str = ""  # tests only: EPD_FAULT_INJECT (worker/fault_injection.py)
 
     def __post_init__(self) -> None:
+        self._check_tensor_parallel()
         if self.async_scheduling is None:
-            object.__setattr__(self, "async_scheduling", self.device.startswith("cuda"))
+            on = self.device.startswith("cuda") and self.tensor_parallel_size == 1
+            object.__setattr__(self, "async_scheduling", on)
         for name in (
             "kv_block_size",
             "num_image_blocks",
@@ -206,6 +216,29 @@ class EngineConfig:
             raise ValueError(f"preprocess_workers must be >= 0, got {self.preprocess_workers}")
         if self.stall_timeout_s < 0:
             raise ValueError(f"stall_timeout_s must be >= 0, got {self.stall_timeout_s}")
+
+    def _check_tensor_parallel(self) -> None:
+        size = self.tensor_parallel_size
+        if size not in TENSOR_PARALLEL_SIZES:
+            sizes = ", ".join(map(str, TENSOR_PARALLEL_SIZES))
+            raise ValueError(f"tensor_parallel_size must be one of {sizes}, got {size}")
+        if size == 1:
+            return
+        if self.role not in (Role.PD, Role.EPD):
+            # KV pages are cut by head across ranks; moving them between instances is not
+            # built yet, and an encoder has no language model to cut
+            raise ValueError(
+                f"tensor_parallel_size {size} needs a role that prefills and decodes (PD or "
+                f"EPD), got {self.role}: KV migration to or from a tensor-parallel instance "
+                "is not supported yet"
+            )
+        if self.async_scheduling:
+            raise ValueError(
+                "async_scheduling is not supported with tensor_parallel_size > 1 (the other "
+                "ranks would need each step's draws)"
+            )
+        if self.rank_timeout_s <= 0:
+            raise ValueError(f"rank_timeout_s must be > 0, got {self.rank_timeout_s}")
 
     @property
     def model_name(self) -> str:

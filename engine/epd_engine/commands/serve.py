@@ -152,6 +152,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="out of service (probes fail, the router stops routing here) when the engine "
         "thread makes no progress this long while it has work: a hung device; 0: never",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        choices=(1, 2, 4, 8),
+        help="split the language model over this many ranks, one device each (rank r on "
+        "the instance's GPU + r; on a CPU, processes sharing it); roles PD and EPD only",
+    )
+    p.add_argument(
+        "--rank-timeout-s",
+        type=float,
+        default=120.0,
+        help="tensor parallel: how long a rank waits for a hung peer in a collective",
+    )
     p.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT SLO in seconds")
     p.add_argument("--slo-tpot", type=float, default=0.08, help="TPOT SLO in seconds")
     p.add_argument(
@@ -246,6 +260,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             remote_image_hosts=tuple(args.allow_image_host),
             slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
             stall_timeout_s=args.stall_timeout_s,
+            tensor_parallel_size=args.tensor_parallel_size,
+            rank_timeout_s=args.rank_timeout_s,
             fault_injection=fault_injection_spec(),
         )
     except ValueError as exc:

@@ -134,6 +134,8 @@ class AsyncEngine:
         self._stopping.set()
         self._inbox.put(lambda: None)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # else a step still runs on what close would stop
+            self.engine.close()
 
     def call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the engine thread between steps (the only thread touching the engine)."""

@@ -2,13 +2,16 @@
 
 After these, CUDA's documentation says, "the process is left in an inconsistent state and any
 further CUDA work will return the same error. To continue using CUDA, the process must be
-terminated and relaunched." An instance that meets one is broken: it leaves routing and
+terminated and relaunched." So are the ranks of a tensor-parallel instance once one of
+them died or failed mid-call (``parallel/link.py``). An instance that meets one is broken: it leaves routing and
 its probes fail, so the kubelet restarts it (``engine/health.py``). Every other failure of a
 step (a request the step cannot take, a CUDA out-of-memory) fails the requests concerned
 and the instance goes on (``LLMEngine._execute_isolated``).
 """
 
 from __future__ import annotations
+
+from epd_engine.parallel.link import RanksOutOfStep
 
 # cudaGetErrorString's text of each sticky cudaError (CUDA runtime API), lower case; torch
 # raises them as "CUDA error: <text>" (torch.AcceleratorError, a RuntimeError).
@@ -35,6 +38,8 @@ def sticky_device_error(exc: BaseException) -> str | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, RanksOutOfStep):  # tensor-parallel ranks fell apart
+            return f"tensor parallel: {current}"
         message = str(current)
         lowered = message.lower()
         if any(text in lowered for text in STICKY_CUDA_ERRORS):

@@ -30,6 +30,9 @@ from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.registry import RopeRule, family_of
+from epd_engine.parallel.messages import RunnerSetup
+from epd_engine.parallel.ranks import RankLeader
+from epd_engine.parallel.sharding import shard_config
 from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
 from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput
@@ -117,13 +120,25 @@ class LLMEngine:
         dtype = dtype_of(config.dtype)
         role = config.role
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        # tensor parallel: the other ranks start (and load their slices) beside this one
+        self.ranks = (
+            RankLeader.start(config, self.model_config.vocab_size, self._ranks_lost)
+            if config.tensor_parallel_size > 1
+            else None
+        )
+        tp = self.ranks.tp if self.ranks is not None else None
+        # what this rank holds of the language model: its heads, MLP width and vocabulary
+        self.rank_model_config = shard_config(self.model_config, tp.shard) if tp else None
         vision = load_vision(config.model_dir, dtype, config.device) if role.needs_vision else None
         language = None
         if role.needs_language:
             attention = attention_backend_for(
-                config.attention_backend, self.model_config, dtype, config.device
+                config.attention_backend,
+                self.rank_model_config or self.model_config,
+                dtype,
+                config.device,
             )
-            language = load_language(config.model_dir, dtype, config.device, attention)
+            language = load_language(config.model_dir, dtype, config.device, attention, tp)
         startup.mark("model_loaded")
         with_images = role.runs(Stage.ENCODE) or role.runs(Stage.PREFILL)
         num_image_blocks = self._num_image_blocks()
@@ -140,6 +155,8 @@ class LLMEngine:
             image_block_tokens=self.model_config.image_page_tokens,
             image_row_size=self.model_config.image_row_size,
         )
+        if self.ranks is not None:
+            self.ranks.setup(RunnerSetup(shape, config.max_num_running, self.max_model_len))
         self.runner = ModelRunner(
             vision,
             language,
@@ -153,6 +170,7 @@ class LLMEngine:
             dual_stream=config.dual_stream,
             cuda_graphs=config.cuda_graphs,
             faults=faults,
+            ranks=self.ranks,
         )
         kv = (
             KVCacheManager(shape.num_kv_blocks, shape.kv_block_size, prefix_salt(config))
@@ -203,7 +221,7 @@ class LLMEngine:
         if language is None or torch.device(cfg.device).type != "cuda":
             return self._cpu_kv_blocks()
         plan = plan_gpu_memory(
-            self.model_config,
+            self.rank_model_config or self.model_config,
             torch.empty((), dtype=dtype).element_size(),
             cuda_memory(torch.device(cfg.device)),
             cfg.gpu_memory_fraction,
@@ -224,6 +242,16 @@ class LLMEngine:
             plan.max_prefill_tokens,
         )
         return plan.kv_blocks
+
+    def _ranks_lost(self, reason: str) -> None:
+        """Any thread: the tensor-parallel ranks cannot run a step together any more; only a
+        restart (the kubelet's, on the failing liveness probe) brings them back."""
+        self.health.fail(reason)
+
+    def close(self) -> None:
+        """Stop what runs beside this engine: a tensor-parallel instance's other ranks."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     def _cpu_kv_blocks(self) -> int:
         """512, or room for a prompt of the largest image and as much text again (within the

@@ -26,6 +26,8 @@ from torch import nn
 from epd_engine.model.attention import AttentionBackend
 from epd_engine.model.model_config import ModelFormatError
 from epd_engine.model.registry import CheckpointLayout, ModelFamily, family_of
+from epd_engine.parallel.layers import TensorParallel, parallelize
+from epd_engine.parallel.sharding import Shard, shard_config
 
 _M = TypeVar("_M", bound=nn.Module)
 # Our fused parameters read several hub tensors, concatenated along dim 0 in this order.
@@ -53,16 +55,29 @@ def load_language(
     dtype: torch.dtype,
     device: str,
     attention: AttentionBackend | None = None,
+    tp: TensorParallel | None = None,
 ) -> Any:
-    """The family's decoder + LM head (P/D stages); reads only its language tensors."""
+    """The family's decoder + LM head (P/D stages); reads only its language tensors.
+    ``tp``: only this rank's slice of them (``parallel/sharding.py``); ``attention`` must
+    then be built for the rank's heads."""
     family = family_of(Path(model_dir))
     config = family.load_config(Path(model_dir))
     _, language_class = family.classes()
     with torch.device("meta"):
-        language = language_class(config, attention)
+        if tp is None:
+            language = language_class(config, attention)
+        else:
+            language = parallelize(language_class(shard_config(config, tp.shard), attention), tp)
     language = _materialise(language, dtype, device)
     layout = family.layout
-    _fill(language, Path(model_dir), family, layout.language_prefixes, layout.language_skippable)
+    _fill(
+        language,
+        Path(model_dir),
+        family,
+        layout.language_prefixes,
+        layout.language_skippable,
+        tp.shard if tp is not None else None,
+    )
     return language.eval()
 
 
@@ -100,8 +115,10 @@ def _fill(
     family: ModelFamily,
     own_prefixes: tuple[str, ...],
     is_skippable: Callable[[str], bool],
+    shard: Shard | None = None,
 ) -> None:
-    """Copy every parameter from the checkpoint; error on missing or unexpected tensors."""
+    """Copy every parameter from the checkpoint (``shard``: the rank's slice of it); error on
+    missing or unexpected tensors."""
     layout = family.layout
     locations = checkpoint_locations(model_dir, layout)  # canonical -> (file, stored name)
     wanted = required_tensors(model, family)
@@ -139,7 +156,10 @@ def _fill(
                     parts = wanted[param_name]
                     if not all(part in loaded for part in parts):
                         continue
-                    _copy(params[param_name], [loaded[part] for part in parts], param_name, parts)
+                    values = [loaded[part] for part in parts]
+                    if shard is not None:
+                        values = shard.cut(param_name, values)
+                    _copy(params[param_name], values, param_name, parts)
                     for part in parts:
                         uses[part] -= 1
                         if not uses[part]:

@@ -23,6 +23,7 @@ from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
 from epd_engine.model.qwen3_vl import Qwen3VLLanguage, Qwen3VLVision
+from epd_engine.parallel.link import RankLink
 from epd_engine.request import PENDING_TOKEN
 from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
@@ -61,6 +62,7 @@ class ModelRunner:
         dual_stream: bool = True,
         cuda_graphs: bool = False,
         faults: FaultInjector | None = None,
+        ranks: RankLink | None = None,
     ) -> None:
         """``max_decode_seqs`` and ``max_model_len`` (both or neither): size the persistent
         decode buffers for that many decodes of that many tokens; without them every step
@@ -69,8 +71,14 @@ class ModelRunner:
         ``cuda_graphs``: capture the decode forward per padded batch size
         (``model/decode_graphs.py``) where the device is CUDA and the attention backend is
         graph-safe (FlashInfer); elsewhere it is ignored, with a log line. ``faults``: a
-        device fault to inject into serving steps (tests, ``fault_injection.py``)."""
+        device fault to inject into serving steps (tests, ``fault_injection.py``). ``ranks``:
+        the other ranks of a tensor-parallel instance (``parallel/``), told of every
+        language-model call; their collectives cannot be captured, so no CUDA graphs."""
         self.faults = faults or FaultInjector(None)
+        self.ranks = ranks
+        if ranks is not None and cuda_graphs:
+            log.info("decode CUDA graphs off: tensor parallel")
+            cuda_graphs = False
         self.vision = vision
         self.language = language
         self.shape = shape
@@ -165,6 +173,20 @@ class ModelRunner:
         ``rope_of``: M-RoPE state per request (a model with M-RoPE; a request without
         one, such as a timing probe, is positioned as text).
         """
+        if self.ranks is None:
+            return self._forward(tasks, layer_written, rope_of)
+        self.ranks.forward_starts(tasks, rope_of or {})
+        try:
+            return self._forward(tasks, layer_written, rope_of)
+        except Exception as exc:  # the other ranks may wait in a collective of this call
+            raise self.ranks.call_failed(exc) from exc
+
+    def _forward(
+        self,
+        tasks: list[TokenTask],
+        layer_written: LayerWritten | None,
+        rope_of: Mapping[str, MRopeState] | None,
+    ) -> torch.Tensor:
         assert self.language is not None
         self._await_inputs_sent()
         if self._buffered(tasks):
@@ -184,19 +206,12 @@ class ModelRunner:
         hidden_size = embeds.shape[1]
         level_rows: list[int] = []  # DeepStack: the image tokens' rows and their features
         levels: list[torch.Tensor] = []
-        start = 0
-        for task in tasks:
-            for piece in task.image_slices:
-                self.encode_stream.before_read(piece.blocks)
-                image = self.read_image(piece.blocks)
-                rows = image[piece.src_start : piece.src_start + piece.num_tokens]
-                dst = start + piece.dst_start
-                image_embeds, features = split_rows(rows, hidden_size)
-                embeds[dst : dst + piece.num_tokens] = image_embeds
-                if features.shape[1]:
-                    level_rows.extend(range(dst, dst + piece.num_tokens))
-                    levels.append(features)
-            start += task.num_tokens
+        for dst, rows in self._image_rows(tasks):
+            image_embeds, features = split_rows(rows, hidden_size)
+            embeds[dst : dst + rows.shape[0]] = image_embeds
+            if features.shape[1]:
+                level_rows.extend(range(dst, dst + rows.shape[0]))
+                levels.append(features)
         positions = meta.positions
         if self.language.config.uses_mrope:
             positions = _mrope_positions(tasks, rope_of or {}).to(self.device, non_blocking=True)
@@ -212,6 +227,35 @@ class ModelRunner:
         ends = itertools.accumulate(batch.query_lens)
         last_rows = [end - 1 for end, t in zip(ends, tasks, strict=True) if t.sample]
         return hidden[to_device(last_rows, torch.long, self.device)]
+
+    def _image_rows(self, tasks: list[TokenTask]) -> list[tuple[int, torch.Tensor]]:
+        """The step's image rows ``(first row in the step, rows [n, image_row_size])``, piece
+        by piece: read from the image cache, or (a tensor-parallel rank other than 0, which
+        has none) received from rank 0 with the step."""
+        starts: list[int] = []
+        counts: list[int] = []
+        read: list[torch.Tensor] = []
+        start = 0
+        for task in tasks:
+            for piece in task.image_slices:
+                starts.append(start + piece.dst_start)
+                counts.append(piece.num_tokens)
+                if self.image_cache is not None:
+                    self.encode_stream.before_read(piece.blocks)
+                    image = self.read_image(piece.blocks)
+                    read.append(image[piece.src_start : piece.src_start + piece.num_tokens])
+            start += task.num_tokens
+        if not counts:
+            return []
+        if self.ranks is not None:
+            rows = self.ranks.image_rows(
+                torch.cat(read) if read else None,
+                sum(counts),
+                self.shape.image_row_size,
+                self.dtype,
+            )
+            read = list(rows.split(counts))
+        return list(zip(starts, read, strict=True))
 
     def _image_spans(self, tasks: list[TokenTask]) -> list[list[tuple[int, int]]] | None:
         """Each task's image rows as bidirectional spans (absolute positions), for a model
@@ -324,7 +368,7 @@ class ModelRunner:
                 for t in sampling
             ]
             with torch.inference_mode():
-                logits = self.language.compute_logits(hidden)  # [S, V] float32
+                logits = self._logits(hidden)  # [S, V] float32
                 drawn = self.sampler.launch(logits, rows)
             ids = [t.request_id for t in sampling]
             if drawn.tokens is not None:
@@ -332,6 +376,16 @@ class ModelRunner:
             return LaunchedStep(ids, drawn)
         finally:
             self.encode_stream.finish()
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.language is not None
+        if self.ranks is None:
+            return self.language.compute_logits(hidden)
+        self.ranks.logits_start()
+        try:
+            return self.language.compute_logits(hidden)
+        except Exception as exc:
+            raise self.ranks.call_failed(exc) from exc
 
     # ---- async scheduling: a step's inputs while the previous one runs ------------------
     def _take_pending(self, ids: torch.Tensor, tasks: list[TokenTask]) -> None:

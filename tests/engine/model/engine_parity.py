@@ -57,6 +57,7 @@ def engine_greedy(
     check: Callable[[LLMEngine], None] = lambda engine: None,
     device: str = "cpu",
     dtype: str = "float32",
+    tensor_parallel_size: int = 1,
 ) -> tuple[dict[str, list[int]], dict[str, PreparedPrompt]]:
     """One EPD engine's greedy tokens for every case, all requests batched together;
     ``check`` sees the engine once it is built."""
@@ -70,8 +71,22 @@ def engine_greedy(
             num_image_blocks=16,
             device=device,
             dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
         )
     )
+    try:
+        return _greedy(engine, model_dir, cases, max_tokens, check)
+    finally:
+        engine.close()
+
+
+def _greedy(
+    engine: LLMEngine,
+    model_dir: Path,
+    cases: Cases,
+    max_tokens: int,
+    check: Callable[[LLMEngine], None],
+) -> tuple[dict[str, list[int]], dict[str, PreparedPrompt]]:
     check(engine)
     processor = InputProcessor(model_dir, engine.model_config)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)

@@ -1,0 +1,1 @@
+"""Tensor parallelism: one instance's language model over several ranks (issue 34)."""

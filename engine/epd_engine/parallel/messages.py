@@ -1,0 +1,38 @@
+"""What rank 0 tells the other ranks of an instance, one object per call (pickled over the
+gloo group ``ranks.py`` keeps for them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from epd_engine.model.mrope import MRopeState
+from epd_engine.scheduler.output import TokenTask
+from epd_engine.worker.model_runner import CacheShape
+
+
+@dataclass(frozen=True)
+class RunnerSetup:
+    """Once, after rank 0 sized its caches: every rank sizes its own slice alike."""
+
+    shape: CacheShape
+    max_decode_seqs: int | None
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Run the language model over these tasks (rank 0 runs the same)."""
+
+    tasks: list[TokenTask]
+    rope_of: Mapping[str, MRopeState]
+
+
+@dataclass(frozen=True)
+class Logits:
+    """Compute the logits of the last forward's sampled rows (the LM head's gather)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Rank 0 is closing: exit."""

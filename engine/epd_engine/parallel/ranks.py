@@ -1,0 +1,191 @@
+"""An instance's ranks: rank 0 is the engine's own process (scheduler, HTTP server, vision
+tower, image cache, sampler); it starts ranks 1..N-1 as child processes
+(``rank_main.py``) on the same host and tells them every language-model call it makes.
+
+Two process groups join them. The collective one (NCCL on GPUs, gloo on a CPU) carries the
+model's all-reduces, its logits gather and the step's image rows; its timeout
+(``rank_timeout_s``) bounds how long a live rank waits for a hung one. The call group (always
+gloo) carries the pickled calls (``messages.py``); the other ranks wait on it between steps,
+so its timeout is long (an idle instance). A rank that dies closes its sockets, so the
+others' next collective fails at once rather than at the timeout.
+
+The vision tower and the image cache stay on rank 0: an encoder gains little from tensor
+parallelism (a peer measured Qwen2.5-VL-72B's at 492/466/524 ms with TP 2/4/8), and a single
+image cache keeps image transfers as they are. Rank 0 sends the image rows a step reads
+with the step: at most a prompt's image tokens x the hidden width, once per prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from epd_engine.config import EngineConfig
+from epd_engine.model.mrope import MRopeState
+from epd_engine.parallel.layers import TensorParallel
+from epd_engine.parallel.link import RanksOutOfStep
+from epd_engine.parallel.messages import Forward, Logits, RunnerSetup, Stop
+from epd_engine.parallel.sharding import Shard
+from epd_engine.scheduler.output import TokenTask
+
+log = logging.getLogger(__name__)
+
+CALLS_TIMEOUT = timedelta(days=20)  # the other ranks wait this long for rank 0's next call
+CONFIG_KEY = "engine-config"
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank ``rank``'s device: the next GPU after the instance's first (``cuda:1`` for rank 1
+    of an instance on ``cuda``); every rank of a CPU instance on the CPU."""
+    if not device.startswith("cuda"):
+        return device
+    _, _, index = device.partition(":")
+    return f"cuda:{int(index or 0) + rank}"
+
+
+def join(store: Any, rank: int, config: EngineConfig, vocab_size: int) -> tuple[TensorParallel, Any]:
+    """Join the instance's two groups as ``rank``: (the collective group, the call group)."""
+    size = config.tensor_parallel_size
+    device = rank_device(config.device, rank)
+    backend = "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    timeout = timedelta(seconds=config.rank_timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    calls = dist.new_group(backend="gloo", timeout=CALLS_TIMEOUT)
+    return TensorParallel(Shard(rank, size, vocab_size), dist.group.WORLD), calls
+
+
+class RankLeader:
+    """Rank 0's side: starts the others, announces each call, watches them."""
+
+    def __init__(
+        self,
+        tp: TensorParallel,
+        calls: Any,
+        workers: list[subprocess.Popen[bytes]],
+        store: Any,
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.tp = tp
+        self._calls = calls
+        self._workers = workers
+        self._store = store  # the other ranks' rendezvous: kept open while they run
+        self._on_lost = on_lost
+        self.lost: str | None = None  # why the ranks can no longer run together
+        self._closing = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="epd-ranks", daemon=True)
+        self._watcher.start()
+
+    @classmethod
+    def start(
+        cls, config: EngineConfig, vocab_size: int, on_lost: Callable[[str], None]
+    ) -> RankLeader:
+        """Start ranks 1..N-1 and join them (they load their slices while rank 0 loads its
+        own). ``on_lost(reason)`` is called once, from any thread, when they fall apart."""
+        size = config.tensor_parallel_size
+        timeout = timedelta(seconds=config.rank_timeout_s)
+        store = dist.TCPStore(
+            "127.0.0.1", 0, world_size=size, is_master=True, wait_for_workers=False,
+            timeout=timeout,
+        )  # fmt: skip
+        store.set(CONFIG_KEY, pickle.dumps(config))
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "epd_engine.parallel.rank_main",
+                 str(rank), str(size), str(store.port), str(os.getpid())]
+            )  # fmt: skip
+            for rank in range(1, size)
+        ]
+        try:
+            tp, calls = join(store, 0, config, vocab_size)
+        except Exception as exc:
+            _stop(workers, grace_s=0)
+            exited = [f"rank {r} exited with {w.poll()}" for r, w in enumerate(workers, 1)
+                      if w.poll() is not None]  # fmt: skip
+            raise RuntimeError(
+                f"the {size} tensor-parallel ranks did not join within "
+                f"{config.rank_timeout_s:g} s ({'; '.join(exited) or 'none exited'}): {exc}"
+            ) from exc
+        log.info("tensor parallel: %d ranks joined (%s)", size, dist.get_backend())
+        return cls(tp, calls, workers, store, on_lost)
+
+    # ---- calls (engine thread) ----------------------------------------------------------
+    def setup(self, setup: RunnerSetup) -> None:
+        self._send(setup)
+
+    def forward_starts(self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> None:
+        ropes = {t.request_id: rope_of[t.request_id] for t in tasks if t.request_id in rope_of}
+        self._send(Forward(tasks, ropes))
+
+    def logits_start(self) -> None:
+        self._send(Logits())
+
+    def image_rows(
+        self, rows: torch.Tensor | None, count: int, row_size: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        assert rows is not None and rows.shape == (count, row_size), "rank 0 reads the rows"
+        rows = rows.contiguous()
+        dist.broadcast(rows, src=0, group=self.tp.group)
+        return rows
+
+    def call_failed(self, exc: BaseException) -> RanksOutOfStep:
+        reason = self.lost or f"a call failed on rank 0 after the other ranks began it: {exc}"
+        self._lose(reason)
+        return RanksOutOfStep(reason)
+
+    def _send(self, message: object) -> None:
+        if self.lost is not None:
+            raise RanksOutOfStep(self.lost)
+        try:
+            dist.broadcast_object_list([message], src=0, group=self._calls)
+        except Exception as exc:
+            raise self.call_failed(exc) from exc
+
+    # ---- lifetime -----------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._closing.wait(0.2):
+            for rank, worker in enumerate(self._workers, start=1):
+                if (code := worker.poll()) is not None:
+                    self._lose(f"tensor-parallel rank {rank} exited with code {code}")
+                    return
+
+    def _lose(self, reason: str) -> None:
+        if self.lost is not None or self._closing.is_set():
+            return
+        self.lost = reason
+        self._on_lost(reason)
+
+    def close(self) -> None:
+        """Tell the other ranks to exit (kill those that do not), leave the groups."""
+        if self._closing.is_set():
+            return
+        lost = self.lost
+        self._closing.set()
+        if lost is None:
+            try:
+                dist.broadcast_object_list([Stop()], src=0, group=self._calls)
+            except Exception:
+                log.debug("telling the ranks to stop failed", exc_info=True)
+        _stop(self._workers)
+        dist.destroy_process_group()
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    for worker in workers:
+        try:
+            worker.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
