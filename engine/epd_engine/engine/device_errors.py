@@ -3,10 +3,10 @@
 After these, CUDA's documentation says, "the process is left in an inconsistent state and any
 further CUDA work will return the same error. To continue using CUDA, the process must be
 terminated and relaunched." So are the ranks of a tensor-parallel instance once one of
-them died or failed mid-call (``parallel/link.py``). An instance that meets one is broken: it leaves routing and
-its probes fail, so the kubelet restarts it (``engine/health.py``). Every other failure of a
-step (a request the step cannot take, a CUDA out-of-memory) fails the requests concerned
-and the instance goes on (``LLMEngine._execute_isolated``).
+them died or failed mid-call (``parallel/link.py``). An instance that meets one is broken:
+it leaves routing and its probes fail, so the kubelet restarts it (``engine/health.py``).
+Every other failure of a step (a request the step cannot take, a CUDA out-of-memory) fails
+the requests concerned and the instance goes on (``LLMEngine._execute_isolated``).
 """
 
 from __future__ import annotations

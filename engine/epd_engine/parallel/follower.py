@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from epd_engine.model.mrope import MRopeState
+from epd_engine.parallel import call_channel
 from epd_engine.parallel.layers import TensorParallel
 from epd_engine.parallel.link import RanksOutOfStep
 from epd_engine.parallel.messages import Forward, Logits, RunnerSetup, Stop
@@ -24,9 +25,7 @@ class RankFollower:
 
     def receive(self) -> object:
         """Rank 0's next call (waits as long as the instance is idle)."""
-        box: list[object] = [None]
-        dist.broadcast_object_list(box, src=0, group=self._calls)
-        return box[0]
+        return call_channel.receive(self._calls)
 
     def setup(self) -> RunnerSetup:
         message = self.receive()

@@ -89,9 +89,7 @@ def parallelize(language: nn.Module, tp: TensorParallel) -> nn.Module:
             _replace(language, name, RowParallelLinear(module.in_features,
                                                        module.out_features, tp))  # fmt: skip
     embed: Any = language.embed_tokens
-    language.embed_tokens = VocabParallelEmbedding(
-        embed.num_embeddings, embed.embedding_dim, tp
-    )
+    language.embed_tokens = VocabParallelEmbedding(embed.num_embeddings, embed.embedding_dim, tp)
     head: Any = language.lm_head
     language.lm_head = VocabParallelHead(head.in_features, head.out_features, tp)
     return language

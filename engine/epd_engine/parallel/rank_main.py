@@ -21,7 +21,7 @@ from epd_engine.model.attention_select import attention_backend_for
 from epd_engine.model.loader import load_language
 from epd_engine.model.registry import family_of
 from epd_engine.parallel.follower import RankFollower
-from epd_engine.parallel.ranks import CONFIG_KEY, join, rank_device
+from epd_engine.parallel.ranks import CONFIG_KEY, arrived, join, rank_device
 from epd_engine.parallel.sharding import shard_config
 from epd_engine.transfer.memory import dtype_of
 from epd_engine.worker.model_runner import ModelRunner
@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
     _exit_with(parent)
     store = dist.TCPStore("127.0.0.1", port, world_size=size, is_master=False,
                           timeout=timedelta(seconds=60))  # fmt: skip
+    arrived(store, rank)
     config: EngineConfig = pickle.loads(store.get(CONFIG_KEY))
     if config.device == "cpu":
         torch.set_num_threads(config.cpu_threads)

@@ -5,8 +5,9 @@ tower, image cache, sampler); it starts ranks 1..N-1 as child processes
 Two process groups join them. The collective one (NCCL on GPUs, gloo on a CPU) carries the
 model's all-reduces, its logits gather and the step's image rows; its timeout
 (``rank_timeout_s``) bounds how long a live rank waits for a hung one. The call group (always
-gloo) carries the pickled calls (``messages.py``); the other ranks wait on it between steps,
-so its timeout is long (an idle instance). A rank that dies closes its sockets, so the
+gloo) carries the pickled calls (``messages.py``, ``call_channel.py``); the other ranks wait
+on it between steps, so its timeout is long (an idle instance), while rank 0 waits
+``rank_timeout_s`` for each call to be taken. A rank that dies closes its sockets, so the
 others' next collective fails at once rather than at the timeout.
 
 The vision tower and the image cache stay on rank 0: an encoder gains little from tensor
@@ -23,6 +24,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from epd_engine.config import EngineConfig
 from epd_engine.model.mrope import MRopeState
+from epd_engine.parallel import call_channel
 from epd_engine.parallel.layers import TensorParallel
 from epd_engine.parallel.link import RanksOutOfStep
 from epd_engine.parallel.messages import Forward, Logits, RunnerSetup, Stop
@@ -41,7 +44,10 @@ from epd_engine.scheduler.output import TokenTask
 log = logging.getLogger(__name__)
 
 CALLS_TIMEOUT = timedelta(days=20)  # the other ranks wait this long for rank 0's next call
+START_TIMEOUT_S = 300  # for the other ranks' processes to start (import torch)
+LOAD_TIMEOUT_S = 1800  # and then to load their slices (a 72B model's from a network volume)
 CONFIG_KEY = "engine-config"
+_ARRIVED = "arrived/"
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -53,7 +59,28 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{int(index or 0) + rank}"
 
 
-def join(store: Any, rank: int, config: EngineConfig, vocab_size: int) -> tuple[TensorParallel, Any]:
+def arrived(store: Any, rank: int) -> None:
+    """Rank ``rank`` has started (imports done) and joins next."""
+    store.set(f"{_ARRIVED}{rank}", "1")
+
+
+def _await_ranks(store: Any, workers: list[subprocess.Popen[bytes]]) -> None:
+    """Until every other rank has started (importing torch takes seconds: longer than a
+    collective may hang), failing at once when one exits first."""
+    keys = [f"{_ARRIVED}{rank}" for rank in range(1, len(workers) + 1)]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not store.check(keys):
+        for rank, worker in enumerate(workers, start=1):
+            if worker.poll() is not None:
+                raise RuntimeError(f"rank {rank} exited with {worker.returncode} as it started")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank started within {START_TIMEOUT_S} s")
+        time.sleep(0.1)
+
+
+def join(
+    store: Any, rank: int, config: EngineConfig, vocab_size: int
+) -> tuple[TensorParallel, Any]:
     """Join the instance's two groups as ``rank``: (the collective group, the call group)."""
     size = config.tensor_parallel_size
     device = rank_device(config.device, rank)
@@ -77,12 +104,14 @@ class RankLeader:
         workers: list[subprocess.Popen[bytes]],
         store: Any,
         on_lost: Callable[[str], None],
+        timeout: timedelta,
     ) -> None:
         self.tp = tp
         self._calls = calls
         self._workers = workers
         self._store = store  # the other ranks' rendezvous: kept open while they run
         self._on_lost = on_lost
+        self._timeout = timeout
         self.lost: str | None = None  # why the ranks can no longer run together
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="epd-ranks", daemon=True)
@@ -100,30 +129,30 @@ class RankLeader:
             "127.0.0.1", 0, world_size=size, is_master=True, wait_for_workers=False,
             timeout=timeout,
         )  # fmt: skip
-        store.set(CONFIG_KEY, pickle.dumps(config))
+        store.set(CONFIG_KEY, pickle.dumps(config))  # type: ignore[arg-type]  # bytes work
+        command = [sys.executable, "-m", "epd_engine.parallel.rank_main"]
         workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "epd_engine.parallel.rank_main",
-                 str(rank), str(size), str(store.port), str(os.getpid())]
-            )  # fmt: skip
+            subprocess.Popen([*command, str(rank), str(size), str(store.port), str(os.getpid())])
             for rank in range(1, size)
         ]
         try:
+            _await_ranks(store, workers)
             tp, calls = join(store, 0, config, vocab_size)
         except Exception as exc:
             _stop(workers, grace_s=0)
             exited = [f"rank {r} exited with {w.poll()}" for r, w in enumerate(workers, 1)
                       if w.poll() is not None]  # fmt: skip
             raise RuntimeError(
-                f"the {size} tensor-parallel ranks did not join within "
-                f"{config.rank_timeout_s:g} s ({'; '.join(exited) or 'none exited'}): {exc}"
+                f"the {size} tensor-parallel ranks did not join "
+                f"({'; '.join(exited) or 'none exited'}): {exc}"
             ) from exc
         log.info("tensor parallel: %d ranks joined (%s)", size, dist.get_backend())
-        return cls(tp, calls, workers, store, on_lost)
+        return cls(tp, calls, workers, store, on_lost, timeout)
 
     # ---- calls (engine thread) ----------------------------------------------------------
     def setup(self, setup: RunnerSetup) -> None:
-        self._send(setup)
+        """Once rank 0 sized its caches; the others take it once they have loaded."""
+        self._send(setup, timedelta(seconds=LOAD_TIMEOUT_S))
 
     def forward_starts(self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> None:
         ropes = {t.request_id: rope_of[t.request_id] for t in tasks if t.request_id in rope_of}
@@ -145,11 +174,11 @@ class RankLeader:
         self._lose(reason)
         return RanksOutOfStep(reason)
 
-    def _send(self, message: object) -> None:
+    def _send(self, message: object, timeout: timedelta | None = None) -> None:
         if self.lost is not None:
             raise RanksOutOfStep(self.lost)
         try:
-            dist.broadcast_object_list([message], src=0, group=self._calls)
+            call_channel.send(message, self._calls, timeout or self._timeout)
         except Exception as exc:
             raise self.call_failed(exc) from exc
 
@@ -175,11 +204,18 @@ class RankLeader:
         self._closing.set()
         if lost is None:
             try:
-                dist.broadcast_object_list([Stop()], src=0, group=self._calls)
+                call_channel.send(Stop(), self._calls, self._timeout)
             except Exception:
                 log.debug("telling the ranks to stop failed", exc_info=True)
         _stop(self._workers)
         dist.destroy_process_group()
+
+    def kill(self) -> None:
+        """Kill the other ranks now (before this process exits without cleaning up: a hung
+        rank would not follow it otherwise)."""
+        self._closing.set()
+        for worker in self._workers:
+            worker.kill()
 
 
 def _stop(workers: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:

@@ -93,7 +93,7 @@ def shard_config(config: _C, shard: Shard) -> _C:
         return config
     check_divisible(config, shard.size)
     c: Any = config
-    return dataclasses.replace(  # type: ignore[type-var]
+    return dataclasses.replace(
         c,
         num_heads=c.num_heads // shard.size,
         num_kv_heads=c.num_kv_heads // shard.size,

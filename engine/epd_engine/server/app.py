@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -189,7 +190,7 @@ def create_app(settings: ServerSettings, freeze_heap: bool = False) -> FastAPI:
             app.state.instance = state
             link = _connect_router(settings, state, memory) if memory is not None else None
             async_engine.start()
-            watchdog = asyncio.create_task(async_engine.watch())
+            watchdog = asyncio.create_task(_watch(async_engine, engine))
             if link is not None:
                 link.start(engine)
             if freeze_heap:  # last, once start-up's objects are all made (gc_heap)
@@ -226,3 +227,23 @@ def create_app(settings: ServerSettings, freeze_heap: bool = False) -> FastAPI:
     app.include_router(health.router)
     app.include_router(internal_api.router)
     return app
+
+
+RANKS_LOST_EXIT = 75  # EX_TEMPFAIL: the tensor-parallel ranks fell apart; start again
+RANKS_LOST_GRACE_S = 2.0
+
+
+async def _watch(async_engine: AsyncEngine, engine: LLMEngine) -> None:
+    """``AsyncEngine.watch``; then, when the instance went out of service because its
+    tensor-parallel ranks fell apart, exit: a lost rank cannot come back in place, and an
+    exit is what every supervisor (the kubelet, ``epdctl up``) restarts at once. The grace
+    lets this instance's clients and router read their errors first."""
+    await async_engine.watch()
+    ranks = engine.ranks
+    if ranks is None or ranks.lost is None:
+        return
+    await asyncio.sleep(RANKS_LOST_GRACE_S)
+    log.error("exiting to be restarted: %s", ranks.lost)
+    ranks.kill()
+    logging.shutdown()
+    os._exit(RANKS_LOST_EXIT)

@@ -77,7 +77,8 @@ class ModelRunner:
         self.faults = faults or FaultInjector(None)
         self.ranks = ranks
         if ranks is not None and cuda_graphs:
-            log.info("decode CUDA graphs off: tensor parallel")
+            if torch.device(device).type == "cuda":
+                log.info("decode CUDA graphs off: tensor parallel")
             cuda_graphs = False
         self.vision = vision
         self.language = language
@@ -368,7 +369,7 @@ class ModelRunner:
                 for t in sampling
             ]
             with torch.inference_mode():
-                logits = self._logits(hidden)  # [S, V] float32
+                logits = self.logits(hidden)  # [S, V] float32
                 drawn = self.sampler.launch(logits, rows)
             ids = [t.request_id for t in sampling]
             if drawn.tokens is not None:
@@ -377,7 +378,10 @@ class ModelRunner:
         finally:
             self.encode_stream.finish()
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over ``forward``'s rows: ``[S, V]`` float32 (every rank's vocabulary
+        gathered on a tensor-parallel instance)."""
         assert self.language is not None
         if self.ranks is None:
             return self.language.compute_logits(hidden)
