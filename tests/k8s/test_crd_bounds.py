@@ -26,6 +26,14 @@ def _set(path: str, value: Any) -> Any:
     return mutate
 
 
+def _both(*mutations: Any) -> Any:
+    def mutate(spec: dict) -> None:
+        for mutation in mutations:
+            mutation(spec)
+
+    return mutate
+
+
 @pytest.mark.parametrize(
     ("mutate", "field", "words"),
     [
@@ -41,9 +49,17 @@ def _set(path: str, value: Any) -> Any:
          "less than or equal to 4096"),
         (_set("capacity", {"maxGPUs": 1000}), "spec.capacity.maxGPUs",
          "capacity.maxGPUs must not exceed gpuBudget"),
+        (_set("engine.roles", {"P": {"tensorParallelSize": 2}}),
+         "spec.engine.roles.P.tensorParallelSize", "PD and EPD instances only"),
+        (_set("engine.roles", {"EPD": {"tensorParallelSize": 3}}),
+         "spec.engine.roles.EPD.tensorParallelSize", "supported values"),
+        (_both(_set("disaggregation", {"mode": "Auto"}),
+               _set("engine.roles", {"PD": {"tensorParallelSize": 2}})),
+         "spec.engine.roles", "needs disaggregation mode Fixed"),
     ],
     ids=["gpus-per-instance", "router-replicas", "memory-quantity", "extra-args",
-         "capacity-min-over-max", "capacity-max-bound", "capacity-max-over-budget"],
+         "capacity-min-over-max", "capacity-max-bound", "capacity-max-over-budget",
+         "tp-on-a-migrating-role", "tp-size", "tp-in-auto-mode"],
 )  # fmt: skip
 def test_api_server_rejects_values_the_engine_cannot_run(
     cluster: Cluster, crd: None, namespace: str, mutate: Any, field: str, words: str

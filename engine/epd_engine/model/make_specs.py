@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LOGIT_SCALE = 4.0  # std of logits for unit-RMS final hidden states
 
@@ -46,6 +48,8 @@ def norm(name: str, hidden: int, bias: bool) -> list[TensorSpec]:
 
 def random_tensor(spec: TensorSpec, seed: int, dtype: torch.dtype) -> torch.Tensor:
     """Deterministic per (seed, name): the same tensor whatever the shard layout."""
+    import torch  # here: the presets' shapes are read where torch is not installed (operator)
+
     generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(spec.name.encode()))
     values = torch.randn(spec.shape, generator=generator)
     if spec.init == "norm_weight":

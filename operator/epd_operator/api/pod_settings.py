@@ -11,7 +11,7 @@ except ``resources`` (merged per resource name) and ``extraArgs`` (appended).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -32,7 +32,7 @@ from epd_operator.api.pod_fields import (
     VolumeMount,
 )
 
-# The engine drives one device per instance (no tensor/pipeline parallelism yet).
+# GPUs of one rank; an instance of N tensor-parallel ranks has N of them (tensorParallelSize)
 MAX_GPUS_PER_INSTANCE = 1
 # Labels the operator sets on every engine pod (selectors and the NetworkPolicy use them).
 OPERATOR_LABEL_PREFIX = "epd.serving.dev/"
@@ -61,6 +61,12 @@ class RoleSettings(SpecModel):
         le=MAX_GPUS_PER_INSTANCE,
         description="Replaces engine.gpusPerInstance for this role (0: on CPU).",
     )
+    tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
+        default=None,
+        description="Ranks each instance splits its language model over, one device each: "
+        "the pods request gpusPerInstance x this many GPUs. PD and EPD only (their KV cache "
+        "never migrates), in mode Fixed; heads must divide by it. Unset: 1.",
+    )
     gpu_resource_name: str | None = Field(
         default=None, min_length=1, description="Replaces spec.gpuResourceName for this role."
     )
@@ -80,10 +86,33 @@ class RoleSettings(SpecModel):
     )
 
 
+TENSOR_PARALLEL_ROLES = (Role.PD, Role.EPD)  # roles whose KV cache never leaves the instance
+_TP_ROLES_MESSAGE = (
+    "tensorParallelSize above 1 is for PD and EPD instances only: their KV cache never "
+    "migrates, and between tensor-parallel sizes it cannot yet"
+)
+
+
+def _tp_rule(role: Role) -> dict:
+    own = f"self.{role.value}"
+    return cel(
+        f"!has({own}) || !has({own}.tensorParallelSize) || {own}.tensorParallelSize == 1",
+        _TP_ROLES_MESSAGE,
+        f".{role.value}.tensorParallelSize",
+    )
+
+
 class RoleSettingsByRole(SpecModel):
     """Per-role settings; a role not named here runs as ``spec.engine`` says."""
 
-    model_config = ConfigDict(alias_generator=None)
+    model_config = ConfigDict(
+        alias_generator=None,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _tp_rule(r) for r in Role if r not in TENSOR_PARALLEL_ROLES
+            ]
+        },
+    )
 
     E: RoleSettings | None = None
     P: RoleSettings | None = None
@@ -96,6 +125,17 @@ class RoleSettingsByRole(SpecModel):
     def get(self, role: Role) -> RoleSettings | None:
         settings: RoleSettings | None = getattr(self, role.value)
         return settings
+
+    def tensor_parallel_size(self, role: Role) -> int:
+        own = self.get(role)
+        return own.tensor_parallel_size or 1 if own is not None else 1
+
+    @model_validator(mode="after")
+    def _tensor_parallel_roles(self) -> RoleSettingsByRole:
+        for role in Role:
+            if role not in TENSOR_PARALLEL_ROLES and self.tensor_parallel_size(role) > 1:
+                raise ValueError(f"{role.value}.tensorParallelSize: {_TP_ROLES_MESSAGE}")
+        return self
 
 
 def _mounts_name_volumes_rule() -> str:
@@ -229,7 +269,8 @@ class RolePod:
     """One role's pod settings, resolved: the role's where set, else the engine's."""
 
     image: str
-    gpus_per_instance: int
+    gpus_per_instance: int  # all its ranks' together
+    tensor_parallel_size: int
     gpu_resource_name: str
     requests: dict[str, str]
     limits: dict[str, str]
@@ -251,10 +292,12 @@ def role_pod(
 ) -> RolePod:
     own = roles.get(role) or RoleSettings()
     gpus = own.gpus_per_instance if own.gpus_per_instance is not None else gpus_per_instance
+    ranks = roles.tensor_parallel_size(role)
     return RolePod(
         # neither names one: the GPU image where the role has a GPU (api/images.py)
         image=own.image or image or default_engine_image(gpus),
-        gpus_per_instance=gpus,
+        gpus_per_instance=gpus * ranks,
+        tensor_parallel_size=ranks,
         gpu_resource_name=own.gpu_resource_name or gpu_resource_name,
         requests={**resources.requests, **(own.resources.requests if own.resources else {})},
         limits={**resources.limits, **(own.resources.limits if own.resources else {})},

@@ -36,6 +36,7 @@ from epd_operator.api.pod_fields import (
     Toleration,
 )
 from epd_operator.api.pod_settings import MAX_GPUS_PER_INSTANCE, PodSettings, RolePod, role_pod
+from epd_operator.api.preset_ranks import check_preset_ranks
 
 __all__ = [  # pod vocabulary re-exported: callers import the spec's types from here
     "MAX_LIST_ITEMS",
@@ -64,7 +65,16 @@ def _role_gpus_cel(role: str) -> str:
     own = f"self.engine.roles.{role}"
     return (
         f"(has(self.engine.roles) && has({own}) && has({own}.gpusPerInstance) ? "
-        f"{own}.gpusPerInstance : self.engine.gpusPerInstance)"
+        f"{own}.gpusPerInstance : self.engine.gpusPerInstance) * {_role_ranks_cel(role)}"
+    )
+
+
+def _role_ranks_cel(role: str) -> str:
+    """CEL: tensor-parallel ranks of one instance of ``role`` (1 unless set)."""
+    own = f"self.engine.roles.{role}"
+    return (
+        f"(has(self.engine.roles) && has({own}) && has({own}.tensorParallelSize) ? "
+        f"{own}.tensorParallelSize : 1)"
     )
 
 
@@ -79,6 +89,11 @@ _FIXED_GPUS = (
 )
 _AUTO_ROLE_GPUS = " && ".join(
     f"{_role_gpus_cel(r.value)} <= self.engine.gpusPerInstance" for r in Role
+)
+_AUTO_ONE_RANK = " && ".join(f"{_role_ranks_cel(r.value)} == 1" for r in Role)
+_AUTO_TP_MESSAGE = (
+    "engine.roles.<role>.tensorParallelSize above 1 needs disaggregation mode Fixed: the "
+    "planner does not choose tensor-parallel sizes yet"
 )
 _POOLS_MATCH_METHOD = " || ".join(
     f"(self.method == '{m.value}' && "
@@ -399,7 +414,8 @@ class EngineSpec(PodSettings):
         default=1,
         ge=0,
         le=MAX_GPUS_PER_INSTANCE,
-        description="0 runs the engine on CPU; the engine uses one device (no tensor parallelism).",
+        description="0 runs the engine on CPU, 1 on a GPU (per tensor-parallel rank: "
+        "engine.roles.<role>.tensorParallelSize).",
     )
     kv_block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV page.")
     num_kv_blocks: int | None = Field(
@@ -449,11 +465,13 @@ class EngineSpec(PodSettings):
         return ["--processor-max-pixels", str(self.processor_max_pixels)]
 
     def gpus_for(self, role: Role) -> int:
-        """GPUs of each instance of ``role`` (its own setting, else gpusPerInstance)."""
+        """GPUs of each instance of ``role``: its own gpusPerInstance (else the engine's)
+        for each of its tensor-parallel ranks."""
         own = self.roles.get(role)
+        per_rank = self.gpus_per_instance
         if own is not None and own.gpus_per_instance is not None:
-            return own.gpus_per_instance
-        return self.gpus_per_instance
+            per_rank = own.gpus_per_instance
+        return per_rank * self.roles.tensor_parallel_size(role)
 
     def role_pod(self, role: Role, gpu_resource_name: str) -> RolePod:
         """What ``role``'s pods run: its settings in ``roles`` over the engine's."""
@@ -536,6 +554,11 @@ class EPDDeploymentSpec(_Model):
                     ".capacity.minGPUs",
                 ),
                 _cel(
+                    f"self.disaggregation.mode != 'Auto' || ({_AUTO_ONE_RANK})",
+                    _AUTO_TP_MESSAGE,
+                    ".engine.roles",
+                ),
+                _cel(
                     f"self.disaggregation.mode != 'Auto' || {_AUTO_ROLE_GPUS}",
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     "gpusPerInstance may be lower, not higher",
@@ -595,12 +618,15 @@ class EPDDeploymentSpec(_Model):
                 f"({max_gpus})"
             )
         if self.disaggregation.mode == "Auto":
+            if any(engine.roles.tensor_parallel_size(r) > 1 for r in Role):
+                raise ValueError(_AUTO_TP_MESSAGE)
             over = [r.value for r in Role if engine.gpus_for(r) > engine.gpus_per_instance]
             if over:
                 raise ValueError(
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     f"gpusPerInstance may be lower, not higher ({', '.join(over)})"
                 )
+        check_preset_ranks(self.model.source.preset, engine.roles)
         method = self.disaggregation.method
         check_groups(self.placement, method, engine.transfer_backend, engine.roles)
         return self

@@ -36,7 +36,7 @@ from epd_operator.kube.names import (
 )
 from epd_operator.kube.partner_affinity import partner_terms, with_partner_affinity
 from epd_operator.rollout.pool_identity import Owner, PoolSpec
-from epd_operator.rollout.serve_settings import engine_settings
+from epd_operator.rollout.serve_settings import engine_settings, role_engine_args
 
 RUN_AS_USER = 10001  # the images' user (docker/*.Dockerfile)
 TMP_DIR = "/tmp"
@@ -224,6 +224,7 @@ def serve_args(
     ]  # fmt: skip
     if spec.model.source.preset is not None:
         pod_settings += ["--preset", spec.model.source.preset]
+    pod_settings += role_engine_args(spec, role)
     return ServeCommand(
         model=model or model_dir(owner),
         served_model_name=spec.model.name,

@@ -45,6 +45,7 @@ class LocalEngines:
     run_dir: Path
     token: str
     engine_args: tuple[str, ...] = ()
+    role_args: Mapping[Role, tuple[str, ...]] = field(default_factory=dict)  # after engine_args
     device: str = "cpu"
     dtype: str = "float32"
     host: str = "127.0.0.1"
@@ -69,7 +70,7 @@ BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
 
 
 def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
-    return (role, e.model_dir, e.device, e.dtype, e.engine_args)
+    return (role, e.model_dir, e.device, e.dtype, (*e.engine_args, *e.role_args.get(role, ())))
 
 
 @dataclass
@@ -211,6 +212,7 @@ class LocalPools:
         searched with the same settings are passed instead of searching again."""
         e = self.engines
         emulate = ("--emulate", str(e.emulate)) if e.emulate is not None else ()
+        role_args = e.role_args.get(pool.role, ())
         return ServeCommand(
             # an emulated instance takes --model as a name only (a checkpoint is refused)
             model=e.model_name if e.emulate is not None else str(e.model_dir),
@@ -223,7 +225,7 @@ class LocalPools:
             router=("--router-url", ",".join(e.replica_urls)),
             dtype=e.dtype,
             device=e.device,
-            settings=(*emulate, "--log-level", "warning", *e.engine_args),
+            settings=(*emulate, "--log-level", "warning", *e.engine_args, *role_args),
             budgets=self._budget_flags(pool.role),
         ).argv()
 

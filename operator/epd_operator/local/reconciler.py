@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from epd_engine.config import Role
 from epd_engine.contracts.trace import TraceRecord
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local.pools import LocalEngines, LocalPools
@@ -46,7 +47,7 @@ from epd_operator.rollout.loop_metrics import LoopMetrics, LoopTarget
 from epd_operator.rollout.pool_identity import Owner, pool_specs
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
-from epd_operator.rollout.serve_settings import engine_settings
+from epd_operator.rollout.serve_settings import engine_settings, role_engine_args
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
@@ -54,6 +55,11 @@ PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 def engine_args(spec: EPDDeploymentSpec) -> tuple[str, ...]:
     """What every local engine process of ``spec`` gets (``epdctl serve`` flags)."""
     return (*engine_settings(spec), *spec.engine.extra_args)
+
+
+def role_args(spec: EPDDeploymentSpec) -> dict[Role, tuple[str, ...]]:
+    """What one role's local engine processes get besides (their tensor-parallel ranks)."""
+    return {role: tuple(args) for role in Role if (args := role_engine_args(spec, role))}
 
 
 @dataclass
@@ -126,7 +132,9 @@ class LocalReconciler:
 
     def reconcile(self, spec: EPDDeploymentSpec, now: datetime) -> LocalStatus:
         # a changed spec starts new pools with its engine flags (their names change too)
-        self.pools.engines = replace(self.engines, engine_args=engine_args(spec))
+        self.pools.engines = replace(
+            self.engines, engine_args=engine_args(spec), role_args=role_args(spec)
+        )
 
         def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
             trace = self.router.trace_window(spec.profiler.trace_window_seconds, in_flight=True)

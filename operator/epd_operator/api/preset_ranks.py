@@ -1,0 +1,47 @@
+"""Whether a preset model can be cut into a role's tensor-parallel ranks (its heads and MLP
+width must divide by the size). The API server cannot know a checkpoint's heads; for the
+presets the operator does, so a bad size is refused at ``epdctl apply`` and in the status
+before any pod starts. Other checkpoints are checked by the engine as it starts, with the
+same message (``epd_engine/parallel/sharding.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epd_engine.config import Role
+from epd_engine.model.gemma3_preset import GEMMA3_PRESETS
+from epd_engine.model.presets import PRESETS
+from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS
+from epd_engine.model.qwen3_vl_preset import QWEN3_VL_PRESETS
+
+_TEXT_FIELDS = {  # what the engine cuts -> its config.json name
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+}
+
+
+def preset_text_config(preset: str) -> dict[str, Any]:
+    presets: dict[str, Any] = {**PRESETS, **QWEN2_VL_PRESETS, **QWEN3_VL_PRESETS, **GEMMA3_PRESETS}
+    config: dict[str, Any] = presets[preset].text_config
+    return config
+
+
+def check_preset_ranks(preset: str | None, roles: Any) -> None:
+    """Refuse a role's tensorParallelSize the preset's heads or MLP width do not divide by,
+    naming the field and the sizes that would."""
+    if preset is None:
+        return
+    text = preset_text_config(preset)
+    values = {ours: int(text.get(theirs) or text["num_attention_heads"])
+              for ours, theirs in _TEXT_FIELDS.items()}  # fmt: skip
+    fitting = [s for s in (1, 2, 4, 8) if all(v % s == 0 for v in values.values())]
+    for role in Role:
+        size = roles.tensor_parallel_size(role)
+        for field, value in values.items():
+            if value % size:
+                raise ValueError(
+                    f"engine.roles.{role.value}.tensorParallelSize: {size} does not divide "
+                    f"preset {preset}'s {field} ({value}); sizes that do: "
+                    f"{', '.join(map(str, fitting))}"
+                )
