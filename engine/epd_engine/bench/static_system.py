@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from epd_engine.config import internal_token, internal_token_set
+from epd_engine.config import Role, internal_token, internal_token_set
 from epd_engine.contracts.gpu_placement import local_gpu_slots
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags, slo_flags
@@ -58,6 +58,7 @@ class LaunchSpec:
     device: str = "cpu"
     gpu_memory_fraction: float = 0.9  # split between instances that share a GPU
     engine_args: list[str] = field(default_factory=list)
+    role_args: dict[Role, list[str]] = field(default_factory=dict)  # after engine_args
     instance_env: dict[str, str] = field(default_factory=dict)  # e.g. EPD_* settings
     instance_timeout_s: float = 3.0  # router drops an instance after this much silence
     progress_timeout_s: float = 60.0  # router fails a request with no event this long
@@ -125,7 +126,7 @@ def instances(spec: LaunchSpec) -> list[InstanceSpec]:
                 device=spec.device,
                 settings=[*slo_flags(spec.slo_ttft_s, spec.slo_tpot_s), "--log-level", "warning"],
                 budgets=plan_budget_flags(budgets),
-                extra=spec.engine_args,
+                extra=[*spec.engine_args, *spec.role_args.get(role, [])],
             ).argv()
             env: dict[str, str] = {}
             if slots is not None:

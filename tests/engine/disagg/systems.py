@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from epd_engine.bench.static_system import LaunchSpec, LocalSystem
-from epd_engine.config import Method
+from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.local.ports import free_port
 
@@ -33,6 +33,7 @@ def local_system(
     instance_timeout_s: float = 3.0,
     transfer_backend: str = "auto",
     engine_args: tuple[str, ...] = (),
+    role_args: dict[Role, list[str]] | None = None,
     progress_timeout_s: float = 60.0,
     supervised: bool = False,
     device: str = "cpu",
@@ -46,6 +47,7 @@ def local_system(
         router_port=free_port(),
         run_dir=run_dir,
         engine_args=[*base_args, "--transfer-backend", transfer_backend, *engine_args],
+        role_args=role_args or {},
         instance_env=instance_env or {},
         instance_timeout_s=instance_timeout_s,
         progress_timeout_s=progress_timeout_s,
