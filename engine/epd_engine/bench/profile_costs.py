@@ -8,7 +8,8 @@ runs after a warm-up (``timing.best_of``, as the engine times itself at start-up
 it runs with the engine's torch thread count (``EngineConfig.cpu_threads``, 1: instances
 share the host's cores), not torch's default of one thread per core, which times a
 different (and on a busy host, erratic) runner. Each transfer backend's link is measured
-with ``bench-transfer``'s code (``measure_links``).
+with ``bench-transfer``'s code (``measure_links``). ``tensor_parallel_size`` > 1 times the
+language model split over that many ranks, as ``serve --tensor-parallel-size`` runs it.
 torch is imported only here, lazily.
 """
 
@@ -61,6 +62,7 @@ class ProfileConfig:
     cpu_threads: int = EngineConfig.cpu_threads  # torch threads on CPU, as each instance runs
     kv_layers_per_group: int = 8  # KV moves in groups of this many layers, as the engine's
     show_progress: bool = True
+    tensor_parallel_size: int = 1  # ranks the language model is split over (parallel/)
 
 
 # Sides (pixels) of the extra probe images of a resolution-dependent model (Qwen2-VL: 64 and
@@ -86,6 +88,8 @@ class RunnerProbe:
         from epd_engine.model.attention_select import attention_backend_for
         from epd_engine.model.loader import load_language, load_vision
         from epd_engine.model.registry import load_model_config
+        from epd_engine.parallel.messages import RunnerSetup
+        from epd_engine.parallel.sharding import shard_config
         from epd_engine.transfer.memory import dtype_of
         from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
@@ -95,10 +99,14 @@ class RunnerProbe:
             torch.set_num_threads(config.cpu_threads)
         self.model = load_model_config(config.model_dir)
         dtype = dtype_of(config.dtype)
+        # the other ranks start (and load) beside this one, as an engine's do
+        self.ranks = _start_ranks(config, self.model.vocab_size)
+        tp = self.ranks.tp if self.ranks is not None else None
+        rank_model = shard_config(self.model, tp.shard) if tp is not None else self.model
         vision = load_vision(config.model_dir, dtype, config.device)
         # the kernels the engine would run here: FlashInfer (and decode graphs) on a GPU
-        attention = attention_backend_for("auto", self.model, dtype, config.device)
-        language = load_language(config.model_dir, dtype, config.device, attention)
+        attention = attention_backend_for("auto", rank_model, dtype, config.device)
+        language = load_language(config.model_dir, dtype, config.device, attention, tp)
         self.shape = CacheShape(
             num_kv_blocks=config.num_kv_blocks,
             kv_block_size=config.kv_block_size,
@@ -109,10 +117,12 @@ class RunnerProbe:
         self.max_context = min(
             self.model.max_position_embeddings - 1, config.num_kv_blocks * config.kv_block_size
         )
+        if self.ranks is not None:
+            self.ranks.setup(RunnerSetup(self.shape, config.max_num_running, self.max_context + 1))
         self.runner = ModelRunner(
             vision, language, self.shape, dtype, config.device, True,
             max_decode_seqs=config.max_num_running, max_model_len=self.max_context + 1,
-            cuda_graphs=True,
+            cuda_graphs=True, ranks=self.ranks,
         )  # fmt: skip
         self.params = SamplingSpec(SamplingParams(max_tokens=1, temperature=0.0))
         self.pixels = vision.probe_pixels()  # one representative image
@@ -122,6 +132,11 @@ class RunnerProbe:
             for side in VARIABLE_PROBE_SIDES:
                 pixels = vision.probe_pixels(side, side)
                 self.probes[vision.tokens_of(pixels)] = pixels
+
+    def close(self) -> None:
+        """Stop the other ranks (a tensor-parallel probe)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     def _table(self, num_tokens: int) -> list[int]:
         # Pages may be shared between probe tasks: only timing matters, not the values.
@@ -164,6 +179,21 @@ class RunnerProbe:
             self.config.repeats,
             device=self.runner.device,
         )
+
+
+def _start_ranks(config: ProfileConfig, vocab_size: int) -> Any:
+    """A tensor-parallel probe's other ranks (None for one rank); a lost rank fails the
+    profile at its next batch."""
+    if config.tensor_parallel_size == 1:
+        return None
+    from epd_engine.config import Role
+    from epd_engine.parallel.ranks import RankLeader
+
+    engine = EngineConfig(
+        model_dir=config.model_dir, role=Role.EPD, device=config.device, dtype=config.dtype,
+        tensor_parallel_size=config.tensor_parallel_size, cpu_threads=config.cpu_threads,
+    )  # fmt: skip
+    return RankLeader.start(engine, vocab_size, on_lost=lambda reason: None)
 
 
 def _plan_batches(probe: RunnerProbe) -> list[tuple[str, SchedulerOutput]]:
@@ -274,7 +304,10 @@ def environment(config: ProfileConfig) -> dict[str, Any]:
 def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]:
     """Measure on this machine and fit. Returns the model and the raw samples."""
     probe = RunnerProbe(config)
-    samples = measure_samples(probe)
+    try:
+        samples = measure_samples(probe)
+    finally:
+        probe.close()
     encode, encode_err, encode_dropped = robust(
         fit_encode, lambda c, s: c.at(s.image_tokens), [s for s in samples if s.kind == "encode"]
     )
@@ -307,6 +340,7 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         tokens_per_image=model.fixed_image_tokens,  # None: the trace's per-image tokens
     )
     meta = environment(config)
+    meta["tensor_parallel_size"] = config.tensor_parallel_size
     meta["fit"] = {
         "encode_mean_rel_error": round(encode_err, 4),
         "language_mean_rel_error": round(language_err, 4),

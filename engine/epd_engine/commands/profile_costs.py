@@ -41,7 +41,7 @@ def _profile(args: argparse.Namespace) -> int:
             max_images=args.max_images, max_prefill_tokens=args.max_prefill_tokens,
             max_decode_batch=args.max_decode_batch, repeats=args.repeats, rounds=args.rounds,
             cpu_threads=args.threads, kv_layers_per_group=args.kv_layers_per_group,
-            show_progress=not args.no_progress,
+            show_progress=not args.no_progress, tensor_parallel_size=args.tensor_parallel_size,
         )  # fmt: skip
         model, samples = profile_costs(config)
     except (ModelFormatError, ValueError) as exc:
@@ -136,6 +136,14 @@ def register(subparsers: Any) -> None:
         type=int,
         default=1,
         help="torch threads on CPU (default 1, what each engine instance runs with)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        choices=(1, 2, 4, 8),
+        help="time the language model split over this many ranks (gloo on a CPU, NCCL on "
+        "GPUs), as `serve --tensor-parallel-size` runs it; the vision tower stays whole",
     )
     p.add_argument(
         "--kv-layers-per-group",

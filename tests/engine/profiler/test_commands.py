@@ -171,6 +171,33 @@ def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: 
     assert cost.migration.kv_transfers == 1  # tiny-llava: 2 layers, one group of 8
 
 
+@pytest.mark.slow
+def test_profile_costs_times_a_tensor_parallel_language_model(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 34: the cost of a TP=2 instance is measured on its two ranks (gloo here), and
+    they are gone once the profile is written."""
+    out = tmp_path / "cost.json"
+    argv = ["profile-costs", "--model", str(tiny_model_dir), "--out", str(out)]
+    argv += ["--max-images", "2", "--max-prefill-tokens", "32", "--max-decode-batch", "2"]
+    argv += ["--repeats", "1", "--rounds", "1", "--no-progress", "--tensor-parallel-size", "2"]
+    assert main(argv) == 0
+    cost = load_cost_model(out)
+    assert cost.meta["tensor_parallel_size"] == 2
+    assert cost.language.fixed_s + cost.language.per_token_s > 0
+    assert not [
+        entry for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and b"parallel.rank_main" in _cmdline(entry)
+    ]  # fmt: skip
+
+
+def _cmdline(entry: Path) -> bytes:
+    try:
+        return (entry / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_profile_costs_on_qwen2_vl_charges_images_by_their_trace_tokens(
     tiny_qwen2_vl_dir: Path, tmp_path: Path
 ) -> None:
