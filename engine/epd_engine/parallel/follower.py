@@ -41,6 +41,9 @@ class RankFollower:
             message = self.receive()
             if isinstance(message, Forward):
                 hidden = runner.forward(message.tasks, None, message.rope_of)
+                if message.then_logits:
+                    with torch.inference_mode():
+                        runner.language.compute_logits(hidden)
             elif isinstance(message, Logits):
                 assert hidden is not None, "logits before any forward"
                 with torch.inference_mode():
@@ -51,7 +54,9 @@ class RankFollower:
                 raise RanksOutOfStep(f"rank 0 sent an unknown call {message!r}")
 
     # ---- RankLink: what this rank's runner asks -------------------------------------------
-    def forward_starts(self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> None:
+    def forward_starts(
+        self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState], then_logits: bool
+    ) -> None:
         pass  # rank 0 announced it: that is how this rank got here
 
     def logits_start(self) -> None:

@@ -22,12 +22,15 @@ class RanksOutOfStep(RuntimeError):
 
 
 class RankLink(Protocol):
-    def forward_starts(self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> None:
-        """Before a forward over ``tasks`` (rank 0 announces it; the others were told)."""
+    def forward_starts(
+        self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState], then_logits: bool
+    ) -> None:
+        """Before a forward over ``tasks``, and the LM head after it when ``then_logits``
+        (rank 0 announces it; the others were told)."""
         ...
 
     def logits_start(self) -> None:
-        """Before the LM head over the last forward's sampled rows."""
+        """Before the LM head over the last forward's sampled rows, unless the forward said."""
         ...
 
     def image_rows(

@@ -22,15 +22,18 @@ class RunnerSetup:
 
 @dataclass(frozen=True)
 class Forward:
-    """Run the language model over these tasks (rank 0 runs the same)."""
+    """Run the language model over these tasks (rank 0 runs the same), then the LM head over
+    the sampled rows when ``then_logits`` (a serving step: one call instead of two)."""
 
     tasks: list[TokenTask]
     rope_of: Mapping[str, MRopeState]
+    then_logits: bool = False
 
 
 @dataclass(frozen=True)
 class Logits:
-    """Compute the logits of the last forward's sampled rows (the LM head's gather)."""
+    """Compute the logits of the last forward's sampled rows (the LM head's gather), when
+    the forward did not say it would."""
 
 
 @dataclass(frozen=True)

@@ -154,9 +154,11 @@ class RankLeader:
         """Once rank 0 sized its caches; the others take it once they have loaded."""
         self._send(setup, timedelta(seconds=LOAD_TIMEOUT_S))
 
-    def forward_starts(self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState]) -> None:
+    def forward_starts(
+        self, tasks: list[TokenTask], rope_of: Mapping[str, MRopeState], then_logits: bool
+    ) -> None:
         ropes = {t.request_id: rope_of[t.request_id] for t in tasks if t.request_id in rope_of}
-        self._send(Forward(tasks, ropes))
+        self._send(Forward(tasks, ropes, then_logits))
 
     def logits_start(self) -> None:
         self._send(Logits())

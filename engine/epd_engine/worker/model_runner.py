@@ -167,16 +167,19 @@ class ModelRunner:
         tasks: list[TokenTask],
         layer_written: LayerWritten | None = None,
         rope_of: Mapping[str, MRopeState] | None = None,
+        then_logits: bool = False,
     ) -> torch.Tensor:
         """Hidden states of the last token of every task that samples: ``[S_sample, H]``.
 
         ``tasks``: decodes first (the attention backends' decode group), then prefills.
         ``rope_of``: M-RoPE state per request (a model with M-RoPE; a request without
-        one, such as a timing probe, is positioned as text).
+        one, such as a timing probe, is positioned as text). ``then_logits``: ``logits``
+        follows with ``announced=True`` (a tensor-parallel instance's ranks are told both at
+        once).
         """
         if self.ranks is None:
             return self._forward(tasks, layer_written, rope_of)
-        self.ranks.forward_starts(tasks, rope_of or {})
+        self.ranks.forward_starts(tasks, rope_of or {}, then_logits)
         try:
             return self._forward(tasks, layer_written, rope_of)
         except Exception as exc:  # the other ranks may wait in a collective of this call
@@ -358,7 +361,8 @@ class ModelRunner:
         try:
             self.encode_stream.step_starts()
             tasks = out.token_tasks
-            hidden = self.forward(tasks, layer_written, rope_of) if tasks else None
+            samples = any(t.sample for t in tasks)
+            hidden = self.forward(tasks, layer_written, rope_of, samples) if tasks else None
             self.encode(out.encodes, pixels)
             sampling = [t for t in tasks if t.sample] if hidden is not None else []
             if hidden is None or not sampling:
@@ -369,7 +373,7 @@ class ModelRunner:
                 for t in sampling
             ]
             with torch.inference_mode():
-                logits = self.logits(hidden)  # [S, V] float32
+                logits = self.logits(hidden, announced=True)  # [S, V] float32
                 drawn = self.sampler.launch(logits, rows)
             ids = [t.request_id for t in sampling]
             if drawn.tokens is not None:
@@ -379,13 +383,14 @@ class ModelRunner:
             self.encode_stream.finish()
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, announced: bool = False) -> torch.Tensor:
         """The LM head over ``forward``'s rows: ``[S, V]`` float32 (every rank's vocabulary
-        gathered on a tensor-parallel instance)."""
+        gathered on a tensor-parallel instance; ``announced``: the forward told the ranks)."""
         assert self.language is not None
         if self.ranks is None:
             return self.language.compute_logits(hidden)
-        self.ranks.logits_start()
+        if not announced:
+            self.ranks.logits_start()
         try:
             return self.language.compute_logits(hidden)
         except Exception as exc:
