@@ -67,3 +67,16 @@ def test_compare_reports_the_ratio_range():
     two = projected(ONE_RANK, 2, SHAPE, NVLINK)
     report = compare(two, two, [PREFILL, DECODE])
     assert report == {"min": 1.0, "median": 1.0, "max": 1.0, "num_shapes": 2}
+
+
+@pytest.mark.slow
+def test_the_ranks_link_is_measured_across_processes():
+    """Two fresh gloo processes all-reduce one row and 4,096 rows: a latency and a bandwidth
+    the projection can charge (what bench_tp_projection.py uses)."""
+    import torch
+
+    from epd_engine.bench.allreduce_link import measure_allreduce_link
+
+    link = measure_allreduce_link(2, 64, torch.float32, repeats=5)
+    assert 0 < link.latency_s < 1.0
+    assert link.bytes_per_s > 1e6
