@@ -89,6 +89,9 @@ def join(
         torch.cuda.set_device(device)
         backend = "nccl"
     timeout = timedelta(seconds=config.rank_timeout_s)
+    # every rank is on this host: loopback, whatever the host name resolves to in a pod
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     calls = dist.new_group(backend="gloo", timeout=CALLS_TIMEOUT)
     return TensorParallel(Shard(rank, size, vocab_size), dist.group.WORLD), calls
