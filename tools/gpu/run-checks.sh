@@ -80,6 +80,9 @@ TAIL=20 step families 200 "${PYTEST[@]}" -s tests/engine/engine/test_engine_cuda
 TAIL=60 step qwen-7b 300 bash -c "while [ ! -f /tmp/qwen-made ]; do sleep 2; done; \
   cat /tmp/make-qwen.log | tail -3; $PY tools/gpu/qwen_7b_probe.py --model /tmp/qwen2-vl-7b \
   --profile-photo --compare-eager --out $OUT/qwen-7b-probe.json"
+# Tensor parallelism's CUDA path on one GPU (issue 34): two ranks on it over gloo give one
+# rank's tokens, LLaVA and Qwen2-VL tiny, float32 (NCCL needs a GPU per rank: not here).
+TAIL=20 step tests-tp 200 "${PYTEST[@]}" tests/engine/parallel/test_tensor_parallel_tokens.py
 # Every method through the router with the GPU transfer backends, against one EPD instance.
 TAIL=20 step tests-methods 240 "${PYTEST[@]}" -k "not nixl" tests/engine/disagg/test_methods_gpu.py
 # NIXL on GPU caches (issue 30; nixl-cu13 from .whl/cp311/ where the machine lacks it): pulls

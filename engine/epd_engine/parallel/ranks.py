@@ -50,10 +50,20 @@ CONFIG_KEY = "engine-config"
 _ARRIVED = "arrived/"
 
 
+SHARE_DEVICE_ENV = "EPD_TP_SHARE_DEVICE"
+
+
+def sharing_device() -> bool:
+    """``EPD_TP_SHARE_DEVICE=1``: every rank on the instance's one GPU, joined by gloo (NCCL
+    refuses two ranks on a device). A check of the CUDA path on a one-GPU machine -- gloo
+    copies every collective through the host -- never a way to serve."""
+    return os.environ.get(SHARE_DEVICE_ENV) == "1"
+
+
 def rank_device(device: str, rank: int) -> str:
     """Rank ``rank``'s device: the next GPU after the instance's first (``cuda:1`` for rank 1
     of an instance on ``cuda``); every rank of a CPU instance on the CPU."""
-    if not device.startswith("cuda"):
+    if not device.startswith("cuda") or sharing_device():
         return device
     _, _, index = device.partition(":")
     return f"cuda:{int(index or 0) + rank}"
@@ -87,7 +97,7 @@ def join(
     backend = "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = "gloo" if sharing_device() else "nccl"
     timeout = timedelta(seconds=config.rank_timeout_s)
     # every rank is on this host: loopback, whatever the host name resolves to in a pod
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -83,3 +83,9 @@ def test_each_rank_takes_the_next_gpu():
     assert [rank_device("cuda", r) for r in range(2)] == ["cuda:0", "cuda:1"]
     assert rank_device("cuda:4", 3) == "cuda:7"
     assert rank_device("cpu", 1) == "cpu"
+
+
+def test_a_one_gpu_check_puts_every_rank_on_the_instance_gpu(monkeypatch):
+    monkeypatch.setenv("EPD_TP_SHARE_DEVICE", "1")
+    assert rank_device("cuda", 1) == "cuda"
+    assert rank_device("cuda:2", 3) == "cuda:2"

@@ -57,3 +57,19 @@ def test_logits_agree_within_float32_rounding(tiny_model_dir):
     assert two.shape == one.shape  # the vocabulary's padding is cut off again
     torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-5)
     assert not torch.equal(two, torch.zeros_like(two))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_qwen2_vl_dir"])
+def test_two_ranks_on_one_gpu_give_one_ranks_tokens(request, monkeypatch, fixture):
+    """The CUDA path of tensor parallelism (sliced loading onto the GPU, each rank's heads in
+    the attention backend, the decode buffers, image rows broadcast from CUDA memory) on a
+    one-GPU machine: both ranks on it, joined by gloo (``EPD_TP_SHARE_DEVICE``; NCCL needs a
+    GPU per rank, which no machine we have offers)."""
+    model_dir = Path(request.getfixturevalue(fixture))
+    monkeypatch.setenv("EPD_TP_SHARE_DEVICE", "1")  # the rank processes inherit it
+    one, _ = engine_greedy(model_dir, CASES, MAX_TOKENS, 24, device="cuda")
+    two, _ = engine_greedy(model_dir, CASES, MAX_TOKENS, 24, device="cuda",
+                           tensor_parallel_size=2)  # fmt: skip
+    assert two == one
+    assert all(len(tokens) > 1 for tokens in one.values())
