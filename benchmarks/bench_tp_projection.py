@@ -22,8 +22,7 @@ from epd_engine.bench.profile_costs import ProfileConfig, profile_costs
 from epd_engine.bench.results_file import write_results
 from epd_engine.model.registry import load_model_config
 from epd_engine.profiler.tensor_parallel import RankedShape, projected
-
-_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from epd_engine.transfer.memory import dtype_of
 
 
 def main() -> None:
@@ -37,9 +36,9 @@ def main() -> None:
     one, _ = profile_costs(ProfileConfig(**base))
     measured_model, samples = profile_costs(ProfileConfig(**base, tensor_parallel_size=args.size))
     config = load_model_config(args.model)
-    shape = RankedShape.of(config, _BYTES[one.meta["model"]["dtype"]])
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    link = measure_allreduce_link(args.size, config.hidden_size, dtype[one.meta["model"]["dtype"]])
+    dtype = dtype_of(one.meta["model"]["dtype"])
+    shape = RankedShape.of(config, torch.empty((), dtype=dtype).element_size())
+    link = measure_allreduce_link(args.size, config.hidden_size, dtype)
     projection = projected(one, args.size, shape, link)
     rows: list[dict[str, Any]] = []
     for sample in samples:

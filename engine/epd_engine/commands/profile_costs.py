@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from epd_engine.cli import UserError
+from epd_engine.commands.serve import add_tensor_parallel_size
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -137,13 +138,10 @@ def register(subparsers: Any) -> None:
         default=1,
         help="torch threads on CPU (default 1, what each engine instance runs with)",
     )
-    p.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        choices=(1, 2, 4, 8),
-        help="time the language model split over this many ranks (gloo on a CPU, NCCL on "
-        "GPUs), as `serve --tensor-parallel-size` runs it; the vision tower stays whole",
+    add_tensor_parallel_size(
+        p,
+        "time the language model split over this many ranks (gloo on a CPU, NCCL on GPUs), "
+        "as `serve --tensor-parallel-size` runs it; the vision tower stays whole",
     )
     p.add_argument(
         "--kv-layers-per-group",

@@ -12,6 +12,7 @@ from epd_engine.cli import UserError
 from epd_engine.config import (
     ATTENTION_BACKENDS,
     SLO,
+    TENSOR_PARALLEL_SIZES,
     EngineConfig,
     Role,
     fault_injection_spec,
@@ -152,13 +153,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="out of service (probes fail, the router stops routing here) when the engine "
         "thread makes no progress this long while it has work: a hung device; 0: never",
     )
-    p.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        choices=(1, 2, 4, 8),
-        help="split the language model over this many ranks, one device each (rank r on "
-        "the instance's GPU + r; on a CPU, processes sharing it); roles PD and EPD only",
+    add_tensor_parallel_size(
+        p,
+        "split the language model over this many ranks, one device each (rank r on the "
+        "instance's GPU + r; on a CPU, processes sharing it); roles PD and EPD only",
     )
     p.add_argument(
         "--rank-timeout-s",
@@ -225,6 +223,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
+
+
+def add_tensor_parallel_size(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--tensor-parallel-size``, as ``serve`` and ``profile-costs`` take it."""
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, choices=TENSOR_PARALLEL_SIZES, help=help
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
