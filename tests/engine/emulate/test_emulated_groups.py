@@ -28,6 +28,7 @@ GROUPS = {
     "pod-b": {"E": "b-e", "P": "x-p", "D": "x-d"},
 }
 NUM_REQUESTS = 8
+HEARTBEAT_S = 0.5  # disagg/router_link.py's default
 
 
 def test_hand_offs_stay_in_the_entry_group_while_loads_are_balanced(tmp_path: Path) -> None:
@@ -63,6 +64,7 @@ def test_hand_offs_stay_in_the_entry_group_while_loads_are_balanced(tmp_path: Pa
         }
         client = openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused")
         for i in range(NUM_REQUESTS):  # one at a time: every instance idle at each hand-off
+            _wait_until_quiet(router_url, env)
             answer = client.chat.completions.create(
                 model=MODEL, messages=_picture_question(i), max_tokens=3
             )
@@ -91,6 +93,23 @@ def _groups(router_url: str, env: dict[str, str], count: int) -> dict[str, str]:
             return {load["instance_id"]: load.get("group", "") for load in loads}
         assert time.monotonic() < deadline, pools
         time.sleep(0.2)
+
+
+def _wait_until_quiet(router_url: str, env: dict[str, str]) -> None:
+    """Until the router's table shows every instance idle, then two heartbeats more: each
+    instance sees its peers' loads in its heartbeat answers, and a table from before the last
+    request finished (a peer still "waiting") rightly sends a hand-off out of the group. On a
+    loaded CI host that stale table once did, which is not what this test is about."""
+    headers = {"X-EPD-Token": env["EPD_INTERNAL_TOKEN"]}
+    deadline = time.monotonic() + 20
+    while True:
+        pools = httpx.get(f"{router_url}/internal/pools", headers=headers).json()["pools"]
+        loads = [load for pool in pools.values() for load in pool["instances"]]
+        if not any(load.get("num_waiting") or load.get("num_running") for load in loads):
+            break
+        assert time.monotonic() < deadline, pools
+        time.sleep(0.1)
+    time.sleep(2 * HEARTBEAT_S)
 
 
 def _handoffs(metrics_url: str) -> dict[str, float]:
