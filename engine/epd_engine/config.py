@@ -224,13 +224,10 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be one of {sizes}, got {size}")
         if size == 1:
             return
-        if self.role not in (Role.PD, Role.EPD):
-            # KV pages are cut by head across ranks; moving them between instances is not
-            # built yet, and an encoder has no language model to cut
+        if not self.role.needs_language:
             raise ValueError(
-                f"tensor_parallel_size {size} needs a role that prefills and decodes (PD or "
-                f"EPD), got {self.role}: KV migration to or from a tensor-parallel instance "
-                "is not supported yet"
+                f"tensor_parallel_size {size} splits the language model, which an {self.role} "
+                "instance does not run (encoders run whole on one device)"
             )
         if self.async_scheduling:
             raise ValueError(

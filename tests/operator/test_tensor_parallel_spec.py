@@ -1,7 +1,8 @@
 """Tensor-parallel instances in the resource (issue 34): ``engine.roles.<role>.
-tensorParallelSize`` gives each instance of a PD or EPD pool that many ranks, its pods that
-many GPUs and its engine the flag; sizes the engine cannot run are refused with the field
-named (the API server's CEL twins of these rules: tests/k8s/test_crd_bounds.py)."""
+tensorParallelSize`` gives each instance of a pool that runs the language model that many
+ranks, its pods that many GPUs and its engine the flag; sizes the engine cannot run are
+refused with the field named (the API server's CEL twins of these rules:
+tests/k8s/test_crd_bounds.py)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,11 @@ def test_the_fixed_pools_count_every_rank_against_the_budget() -> None:
               model={"name": "m", "source": {"preset": "tiny-qwen3-vl"}})  # fmt: skip
 
 
-@pytest.mark.parametrize("role", ["E", "P", "D", "EP", "ED"])
-def test_roles_whose_cache_migrates_are_refused_by_field(role: str) -> None:
-    with pytest.raises(ValidationError, match=rf"{role}\.tensorParallelSize: .*PD and EPD"):
-        _spec({"roles": {role: {"tensorParallelSize": 2}}})
+def test_an_encoder_is_refused_by_field_and_roles_whose_cache_migrates_are_taken() -> None:
+    with pytest.raises(ValidationError, match=r"E\.tensorParallelSize: .*does not run"):
+        _spec({"roles": {"E": {"tensorParallelSize": 2}}})
+    for role in ("P", "D", "EP", "ED"):  # caches move between sizes (kv_staging.py)
+        assert _spec({"roles": {role: {"tensorParallelSize": 2}}})
 
 
 def test_auto_mode_is_refused_until_the_planner_chooses_sizes() -> None:

@@ -156,7 +156,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_tensor_parallel_size(
         p,
         "split the language model over this many ranks, one device each (rank r on the "
-        "instance's GPU + r; on a CPU, processes sharing it); roles PD and EPD only",
+        "instance's GPU + r; on a CPU, processes sharing it); every role but E",
     )
     p.add_argument(
         "--rank-timeout-s",

@@ -14,6 +14,7 @@ which the app owns: the peer table, this instance's identity, events and re-rout
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol, cast
 
 from epd_engine.contracts.routing_policy import InstanceLoad
@@ -21,8 +22,9 @@ from epd_engine.disagg.early_handoff import DeviceEvent, record_layer_event
 from epd_engine.engine.async_engine import AsyncEngine, RequestOutput, RequestOutputStream
 from epd_engine.engine.detokenizer import Detokenizer
 from epd_engine.model.llava import LayerWritten
-from epd_engine.request import Request
+from epd_engine.request import CacheKind, Request
 from epd_engine.scheduler.output import PullTask, TokenTask
+from epd_engine.transfer.backend import PageTransfer
 from epd_engine.transfer.messages import PrefillDone, Routing
 
 # A parked request's pages: per image (in prompt order), and the KV pages of its tokens.
@@ -110,6 +112,21 @@ class EngineHooks(Protocol):
         re-prefill); False when this instance cannot (it must go elsewhere)."""
         ...
 
+    def stage_pull(self, transfer: PageTransfer) -> PageTransfer:
+        """Where a pull lands first: on a tensor-parallel instance, KV goes into whole-head
+        staging pages (``parallel/kv_staging.py``; ``TransferError`` when none are free);
+        elsewhere ``transfer`` itself."""
+        ...
+
+    async def land_pull(self, transfer: PageTransfer, staged: PageTransfer) -> None:
+        """A pull landed in ``staged`` (``stage_pull``): copy its pages out to every rank's
+        heads of ``transfer``'s (nothing when they are the same)."""
+        ...
+
+    def release_pull(self, request_id: str) -> None:
+        """The request's staging pages on this target are no longer needed."""
+        ...
+
     def layer_event(self) -> DeviceEvent | None:
         """Engine thread, after a layer's kernels are queued: an event that completes when
         they do; None where a layer is written when its call returns (a CPU)."""
@@ -191,6 +208,25 @@ class AsyncEngineHooks:
 
     async def land(self, request_id: str, done: PrefillDone | None) -> None:
         await self._engine.call_async(lambda: self._land(request_id, done))
+
+    def stage_pull(self, transfer: PageTransfer) -> PageTransfer:
+        staging = self._engine.engine.runner.staging
+        if staging is None or transfer.kind is not CacheKind.KV:
+            return transfer
+        staged = staging.stage(transfer.request_id, transfer.dst_pages)
+        return replace(transfer, dst_pages=staged)
+
+    async def land_pull(self, transfer: PageTransfer, staged: PageTransfer) -> None:
+        staging = self._engine.engine.runner.staging
+        if staging is None or staged is transfer:
+            return
+        pages, start, stop = transfer.dst_pages, transfer.layer_start, transfer.layer_stop
+        await self._engine.call_async(lambda: staging.scatter(staged.dst_pages, pages, start, stop))
+
+    def release_pull(self, request_id: str) -> None:
+        staging = self._engine.engine.runner.staging
+        if staging is not None:
+            staging.release(request_id)
 
     def _land(self, request_id: str, done: PrefillDone | None) -> None:
         """Engine thread (no output of the request is on the way): for an early offer, take

@@ -141,7 +141,7 @@ class Target:
                     self.hooks.layer_windows,
                 )
                 for transfer in transfers:  # each lands in our pages as it completes
-                    await self.backend.pull(peer, transfer)
+                    await self._pull_one(peer, transfer)
                 self._count_groups(task, len(transfers), 0)
         except SourceEnded:  # finished at its first token, or aborted: nothing to go on with
             self.hooks.abort(task.request_id)
@@ -150,6 +150,8 @@ class Target:
             log.warning("pull of %s from %s failed: %r", task.request_id, peer.instance_id, exc)
             await self._pull_failed(task, str(exc))
             return
+        finally:
+            self.hooks.release_pull(task.request_id)
 
         seconds = time.monotonic() - issued_s
         self._observe_pull(task, peer, seconds)
@@ -180,13 +182,20 @@ class Target:
             return await self._poll_progress(task, version)
 
         async def pull(transfer: PageTransfer) -> None:
-            await self.backend.pull(peer, transfer)
+            await self._pull_one(peer, transfer)
 
         block_size = self.hooks.kv_block_size
         windows = self.hooks.layer_windows
         done, done_s, overlapped = await pull_groups(task, groups, block_size, poll, pull, windows)
         self._count_groups(task, len(groups) - overlapped, overlapped)
         return done, done_s
+
+    async def _pull_one(self, peer: Peer, transfer: PageTransfer) -> None:
+        """One transfer into our pages (through staging pages on a tensor-parallel
+        instance, whose ranks each take their heads from there)."""
+        staged = self.hooks.stage_pull(transfer)
+        await self.backend.pull(peer, staged)
+        await self.hooks.land_pull(transfer, staged)
 
     async def _poll_progress(self, task: PullTask, after: int) -> PrefillProgress:
         url = f"{task.source.source_url}/internal/migrations/{task.request_id}/progress"

@@ -30,6 +30,7 @@ from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.registry import RopeRule, family_of
+from epd_engine.parallel.kv_staging import KvStaging, staging_pages
 from epd_engine.parallel.messages import RunnerSetup
 from epd_engine.parallel.ranks import RankLeader
 from epd_engine.parallel.sharding import shard_config
@@ -45,7 +46,7 @@ from epd_engine.scheduler.budget_search import (
 )
 from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
-from epd_engine.transfer.memory import CacheMemory, dtype_of
+from epd_engine.transfer.memory import CacheMemory, PrivateMemory, dtype_of
 from epd_engine.worker.fault_injection import FaultInjector, FaultSpec
 from epd_engine.worker.kv_sizing import CPU_KV_BLOCKS, cuda_memory
 from epd_engine.worker.memory_plan import plan_gpu_memory
@@ -172,6 +173,15 @@ class LLMEngine:
             faults=faults,
             ranks=self.ranks,
         )
+        if self.ranks is not None and language is not None:
+            self.runner.staging = KvStaging(
+                self.runner.kv_caches,
+                config.tensor_parallel_size,
+                staging_pages(self.max_model_len, config.kv_block_size),
+                memory or PrivateMemory(torch.device(config.device)),
+                self.ranks,
+                self.ranks.tp.group,
+            )
         kv = (
             KVCacheManager(shape.num_kv_blocks, shape.kv_block_size, prefix_salt(config))
             if language
@@ -231,6 +241,7 @@ class LLMEngine:
             self.largest_image_tokens,
             prefills=cfg.role.runs(Stage.PREFILL),
             encodes=cfg.role.runs(Stage.ENCODE),
+            staging_bytes=self._staging_bytes(dtype),
         )
         self._max_probe_tokens = plan.max_prefill_tokens or None
         log.info(
@@ -242,6 +253,16 @@ class LLMEngine:
             plan.max_prefill_tokens,
         )
         return plan.kv_blocks
+
+    def _staging_bytes(self, dtype: torch.dtype) -> int:
+        """What rank 0 of a tensor-parallel instance keeps for migrations' whole-head pages
+        (``parallel/kv_staging.py``); 0 with one rank."""
+        if self.ranks is None:
+            return 0
+        m = self.model_config
+        pages = staging_pages(self.max_model_len, self.config.kv_block_size)
+        per_page = m.num_layers * 2 * self.config.kv_block_size * m.num_kv_heads * m.head_dim
+        return pages * per_page * torch.empty((), dtype=dtype).element_size()
 
     def _ranks_lost(self, reason: str) -> None:
         """Any thread: the tensor-parallel ranks cannot run a step together any more; only a
@@ -619,6 +640,12 @@ class LLMEngine:
         if sched.kv is not None:
             used = -(-request.num_computed_tokens // self.config.kv_block_size)
             kv = tuple(sched.kv.block_table(request_id)[:used])
+        staging = self.runner.staging
+        if staging is not None and kv and request.next_stage is not Stage.PREFILL:
+            # a tensor-parallel source: peers read whole heads from staging pages
+            staged = staging.stage(request_id, kv)
+            staging.gather(kv, staged)
+            kv = staged
         return images, kv
 
     @property
@@ -628,6 +655,8 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         if self.on_forget is not None:
             self.on_forget(request_id)
+        if self.runner.staging is not None:
+            self.runner.staging.release(request_id)
         self._pixels.pop(request_id, None)
         self._sampling.pop(request_id, None)
         self._rope.pop(request_id, None)

@@ -10,9 +10,17 @@ import torch.distributed as dist
 
 from epd_engine.model.mrope import MRopeState
 from epd_engine.parallel import call_channel
+from epd_engine.parallel.kv_staging import receive_page_shards, send_page_shards
 from epd_engine.parallel.layers import TensorParallel
 from epd_engine.parallel.link import RanksOutOfStep
-from epd_engine.parallel.messages import Forward, Logits, RunnerSetup, Stop
+from epd_engine.parallel.messages import (
+    Forward,
+    GatherPages,
+    Logits,
+    RunnerSetup,
+    ScatterPages,
+    Stop,
+)
 from epd_engine.scheduler.output import TokenTask
 from epd_engine.worker.model_runner import ModelRunner
 
@@ -34,7 +42,8 @@ class RankFollower:
         return message
 
     def serve(self, runner: ModelRunner) -> None:
-        """Until rank 0 stops: every forward, and the LM head after those that sample."""
+        """Until rank 0 stops: every forward, the LM head after those that sample, and the
+        page moves of migrations (``kv_staging.py``)."""
         assert runner.language is not None
         hidden: torch.Tensor | None = None
         while True:
@@ -48,6 +57,11 @@ class RankFollower:
                 assert hidden is not None, "logits before any forward"
                 with torch.inference_mode():
                     runner.language.compute_logits(hidden)
+            elif isinstance(message, GatherPages):
+                send_page_shards(runner.kv_caches, message.pages, self.tp.group)
+            elif isinstance(message, ScatterPages):
+                receive_page_shards(runner.kv_caches, message.pages, message.layer_start,
+                                    message.layer_stop, self.tp.group)  # fmt: skip
             elif isinstance(message, Stop):
                 return
             else:

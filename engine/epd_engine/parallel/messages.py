@@ -37,5 +37,23 @@ class Logits:
 
 
 @dataclass(frozen=True)
+class GatherPages:
+    """Send rank 0 this rank's heads of these KV pages, every layer (a migration's source
+    stages them: ``kv_staging.py``)."""
+
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScatterPages:
+    """Take this rank's heads of these KV pages, layers ``[layer_start, layer_stop)``, from
+    rank 0 (a migration's target landed them in staging pages: ``kv_staging.py``)."""
+
+    pages: tuple[int, ...]
+    layer_start: int
+    layer_stop: int
+
+
+@dataclass(frozen=True)
 class Stop:
     """Rank 0 is closing: exit."""

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -37,7 +37,14 @@ from epd_engine.model.mrope import MRopeState
 from epd_engine.parallel import call_channel
 from epd_engine.parallel.layers import TensorParallel
 from epd_engine.parallel.link import RanksOutOfStep
-from epd_engine.parallel.messages import Forward, Logits, RunnerSetup, Stop
+from epd_engine.parallel.messages import (
+    Forward,
+    GatherPages,
+    Logits,
+    RunnerSetup,
+    ScatterPages,
+    Stop,
+)
 from epd_engine.parallel.sharding import Shard
 from epd_engine.scheduler.output import TokenTask
 
@@ -175,6 +182,12 @@ class RankLeader:
 
     def logits_start(self) -> None:
         self._send(Logits())
+
+    def gather_starts(self, pages: Sequence[int]) -> None:
+        self._send(GatherPages(tuple(pages)))
+
+    def scatter_starts(self, pages: Sequence[int], layer_start: int, layer_stop: int) -> None:
+        self._send(ScatterPages(tuple(pages), layer_start, layer_stop))
 
     def image_rows(
         self, rows: torch.Tensor | None, count: int, row_size: int, dtype: torch.dtype

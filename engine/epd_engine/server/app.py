@@ -150,7 +150,9 @@ def _connect_router(
         state.http,
         token,
         settings.kv_layers_per_group,
-        early_kv=settings.early_kv,
+        # a tensor-parallel source gathers a request's pages from its ranks once prefill
+        # has ended (parallel/kv_staging.py), so it does not offer them layer by layer
+        early_kv=settings.early_kv and state.engine.engine.runner.staging is None,
         metrics=state.metrics,
     )
     return link

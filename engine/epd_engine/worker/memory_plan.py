@@ -40,9 +40,10 @@ def plan_gpu_memory(
     largest_image_tokens: int,
     prefills: bool,
     encodes: bool,
+    staging_bytes: int = 0,  # rank 0 of a tensor-parallel instance: migrations' staging pages
 ) -> MemoryPlan:
     image_cache_bytes = image_cache_tokens * config.image_row_size * element
-    held = replace(memory, held_bytes=memory.held_bytes + image_cache_bytes)
+    held = replace(memory, held_bytes=memory.held_bytes + image_cache_bytes + staging_bytes)
     share = int(memory.total_bytes * memory_fraction) - held.held_bytes
     activations = plan_activations(
         StepShapes.of(config),

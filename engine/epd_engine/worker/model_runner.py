@@ -23,6 +23,7 @@ from epd_engine.model.llava import LayerWritten, LlavaLanguage, LlavaVision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.qwen2_vl import Qwen2VLLanguage, Qwen2VLVision
 from epd_engine.model.qwen3_vl import Qwen3VLLanguage, Qwen3VLVision
+from epd_engine.parallel.kv_staging import KvStaging
 from epd_engine.parallel.link import RankLink
 from epd_engine.request import PENDING_TOKEN
 from epd_engine.sampling import SampledToken, SamplingRow, SamplingSpec
@@ -86,11 +87,15 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         memory = memory or PrivateMemory(self.device)
+        # a tensor-parallel rank's KV heads are its own: peers read whole heads from rank 0's
+        # staging pages (parallel/kv_staging.py), which take the shared region names
+        kv_memory = PrivateMemory(self.device) if ranks is not None else memory
         self.kv_caches: list[torch.Tensor] = (
-            language.allocate_kv_cache(shape.num_kv_blocks, shape.kv_block_size, memory)
+            language.allocate_kv_cache(shape.num_kv_blocks, shape.kv_block_size, kv_memory)
             if language
             else []
         )
+        self.staging: KvStaging | None = None  # set by the engine on rank 0 of several
         self.image_cache: torch.Tensor | None = None
         if with_image_cache:
             self.image_cache = memory.zeros(  # [num_image_blocks, image_block_tokens, row]
@@ -330,7 +335,8 @@ class ModelRunner:
     @property
     def regions(self) -> CacheRegions:
         """The cache tensors as transfer backends see them."""
-        return CacheRegions(kv=self.kv_caches, image=self.image_cache)
+        kv = self.staging.layers if self.staging is not None else self.kv_caches
+        return CacheRegions(kv=kv, image=self.image_cache)
 
     def execute(
         self,

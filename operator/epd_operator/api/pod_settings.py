@@ -64,8 +64,8 @@ class RoleSettings(SpecModel):
     tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
         default=None,
         description="Ranks each instance splits its language model over, one device each: "
-        "the pods request gpusPerInstance x this many GPUs. PD and EPD only (their KV cache "
-        "never migrates), in mode Fixed; heads must divide by it. Unset: 1.",
+        "the pods request gpusPerInstance x this many GPUs. Not for E (an encoder runs whole); "
+        "in mode Fixed; heads must divide by it. Unset: 1.",
     )
     gpu_resource_name: str | None = Field(
         default=None, min_length=1, description="Replaces spec.gpuResourceName for this role."
@@ -86,10 +86,11 @@ class RoleSettings(SpecModel):
     )
 
 
-TENSOR_PARALLEL_ROLES = (Role.PD, Role.EPD)  # roles whose KV cache never leaves the instance
+# roles that run the language model (KV caches move between any sizes: kv_staging.py)
+TENSOR_PARALLEL_ROLES = tuple(r for r in Role if r.needs_language)
 _TP_ROLES_MESSAGE = (
-    "tensorParallelSize above 1 is for PD and EPD instances only: their KV cache never "
-    "migrates, and between tensor-parallel sizes it cannot yet"
+    "tensorParallelSize above 1 splits the language model, which an E instance does not "
+    "run (an encoder runs whole on one device)"
 )
 
 

@@ -20,6 +20,7 @@ import pytest
 from epd_engine.bench.process_cpu import cpu_seconds
 from epd_engine.bench.static_system import LocalSystem
 from epd_engine.config import Method, internal_token
+from tests.engine.disagg.leaks import assert_nothing_leaked
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.server.images import image_message
 from tests.engine.transfer.nixl_skip import backend_param
@@ -93,41 +94,6 @@ def run_with_fault(
     worker.join(timeout=180)
     assert "text" in result, "the request did not complete"
     return result["text"], victim
-
-
-def free_pages(url: str) -> dict[str, tuple[int, int]]:
-    """Free (KV, image) pages per live instance, from the router's pool table."""
-    headers = {"X-EPD-Token": internal_token()}
-    pools = httpx.get(f"{url}/internal/pools", headers=headers).json()["pools"]
-    return {
-        i["instance_id"]: (i["free_kv_blocks"], i["free_image_blocks"])
-        for pool in pools.values()
-        for i in pool["instances"]
-    }
-
-
-def assert_nothing_leaked(system: LocalSystem, timeout_s: float = 10) -> None:
-    """Once the request is done every live instance has all its pages back (cached image
-    pages count as free), and no shared-memory segment was left in /dev/shm."""
-    full = {"kv": 256, "image": 16}  # ENGINE_ARGS of the test systems
-    deadline = time.monotonic() + timeout_s
-    while True:
-        free = {
-            name: pages
-            for name, pages in free_pages(system.spec.router_url).items()
-            if system.process(name).popen.poll() is None  # the victim may still be listed
-        }
-        held = {
-            name: pages
-            for name, pages in free.items()
-            if ("-e-" not in name and pages[0] != full["kv"])
-            or ("-d-" not in name and pages[1] != full["image"])
-        }
-        if not held or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    assert not held, f"pages still held after the request finished: {held}"
-    assert not [n for n in os.listdir("/dev/shm") if "epd" in n]
 
 
 def test_source_killed_before_kv_pull_request_completes_identically(system: LocalSystem) -> None:

@@ -63,10 +63,11 @@ def test_sizes_that_do_not_divide_the_heads_are_refused_by_name(tiny_model_dir):
         check_divisible(dataclasses.replace(config, num_kv_heads=4), 3)
 
 
-@pytest.mark.parametrize("role", [Role.P, Role.D, Role.EP, Role.ED, Role.E])
-def test_roles_whose_kv_migrates_are_refused(tmp_path, role):
-    with pytest.raises(ValueError, match="needs a role that prefills and decodes"):
-        EngineConfig(model_dir=tmp_path, role=role, tensor_parallel_size=2)
+def test_an_encoder_is_refused_every_role_with_a_language_model_is_taken(tmp_path):
+    with pytest.raises(ValueError, match="does not run"):
+        EngineConfig(model_dir=tmp_path, role=Role.E, tensor_parallel_size=2)
+    for role in (Role.P, Role.D, Role.EP, Role.ED, Role.PD, Role.EPD):
+        assert EngineConfig(model_dir=tmp_path, role=role, tensor_parallel_size=2)
 
 
 def test_async_scheduling_is_off_with_ranks_and_refused_when_asked(tmp_path):
