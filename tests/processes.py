@@ -56,3 +56,21 @@ def stop(proc: ChildProcess, timeout_s: float = 15) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def rank_pids(leader: int | None = None) -> list[int]:
+    """Tensor-parallel rank processes on this host (``parallel/rank_main.py``), those one
+    ``leader`` started when given (their command line names its pid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"epd_engine.parallel.rank_main" not in argv:
+            continue
+        if leader is None or argv[-2:-1] == [str(leader).encode()]:
+            found.append(int(entry.name))
+    return found

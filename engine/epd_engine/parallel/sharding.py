@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from epd_engine.config import TENSOR_PARALLEL_SIZES as SIZES
+from epd_engine.parallel.cut_sizes import CUT_FIELDS, fitting_sizes, undivided
 
 _C = TypeVar("_C")
 
@@ -71,19 +72,18 @@ def check_divisible(config: Any, size: int) -> None:
     """Refuse a size the model cannot be cut into, naming what does not divide."""
     if size not in SIZES:
         raise ValueError(f"tensor parallel size must be one of {SIZES}, got {size}")
-    for field in ("num_heads", "num_kv_heads", "intermediate_size"):
-        value = getattr(config, field)
-        if value % size:
-            raise ValueError(
-                f"tensor parallel size {size} does not divide the model's {field} ({value}); "
-                f"sizes that do: {', '.join(str(s) for s in divisors_of(config))}"
-            )
+    reason = undivided(_cut_values(config), size, "the model's")
+    if reason is not None:
+        raise ValueError(f"tensor parallel size {reason}")
 
 
 def divisors_of(config: Any) -> list[int]:
     """The sizes in ``SIZES`` this model's heads and MLP divide by."""
-    fields = (config.num_heads, config.num_kv_heads, config.intermediate_size)
-    return [s for s in SIZES if all(value % s == 0 for value in fields)]
+    return fitting_sizes(_cut_values(config))
+
+
+def _cut_values(config: Any) -> dict[str, int]:
+    return {field: int(getattr(config, field)) for field in CUT_FIELDS}
 
 
 def shard_config(config: _C, shard: Shard) -> _C:

@@ -2,7 +2,7 @@
 width must divide by the size). The API server cannot know a checkpoint's heads; for the
 presets the operator does, so a bad size is refused at ``epdctl apply`` and in the status
 before any pod starts. Other checkpoints are checked by the engine as it starts, with the
-same message (``epd_engine/parallel/sharding.py``)."""
+same rule (``epd_engine/parallel/cut_sizes.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from epd_engine.model.gemma3_preset import GEMMA3_PRESETS
 from epd_engine.model.presets import PRESETS
 from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS
 from epd_engine.model.qwen3_vl_preset import QWEN3_VL_PRESETS
+from epd_engine.parallel.cut_sizes import CUT_FIELDS, undivided
 
-_TEXT_FIELDS = {  # what the engine cuts -> its config.json name
+_CONFIG_NAMES = {  # what the engine cuts -> its config.json name
     "num_heads": "num_attention_heads",
     "num_kv_heads": "num_key_value_heads",
     "intermediate_size": "intermediate_size",
@@ -33,15 +34,10 @@ def check_preset_ranks(preset: str | None, roles: Any) -> None:
     if preset is None:
         return
     text = preset_text_config(preset)
-    values = {ours: int(text.get(theirs) or text["num_attention_heads"])
-              for ours, theirs in _TEXT_FIELDS.items()}  # fmt: skip
-    fitting = [s for s in (1, 2, 4, 8) if all(v % s == 0 for v in values.values())]
+    values = {ours: int(text.get(_CONFIG_NAMES[ours]) or text["num_attention_heads"])
+              for ours in CUT_FIELDS}  # fmt: skip
     for role in Role:
         size = roles.tensor_parallel_size(role)
-        for field, value in values.items():
-            if value % size:
-                raise ValueError(
-                    f"engine.roles.{role.value}.tensorParallelSize: {size} does not divide "
-                    f"preset {preset}'s {field} ({value}); sizes that do: "
-                    f"{', '.join(map(str, fitting))}"
-                )
+        reason = undivided(values, size, f"preset {preset}'s")
+        if reason is not None:
+            raise ValueError(f"engine.roles.{role.value}.tensorParallelSize: {reason}")

@@ -19,25 +19,10 @@ from epd_engine.config import Method, Role
 from tests.engine.disagg.leaks import assert_nothing_leaked
 from tests.engine.disagg.systems import local_system, plan_for
 from tests.engine.disagg.workload import run_all
+from tests.processes import rank_pids
 
 pytestmark = pytest.mark.slow
 TWO_RANKS = ["--tensor-parallel-size", "2"]
-
-
-def second_ranks() -> list[Path]:
-    """The rank processes running on this host."""
-    return [
-        entry
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and _cmdline(entry).count(b"epd_engine.parallel.rank_main")
-    ]
-
-
-def _cmdline(entry: Path) -> bytes:
-    try:
-        return (entry / "cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 @pytest.mark.parametrize(("method", "role"), [(Method.E_PD, Role.PD), (Method.EPD, Role.EPD)])
@@ -46,7 +31,7 @@ def test_a_two_rank_instance_gives_the_single_instance_tokens(
 ) -> None:
     plan = plan_for(method, {})
     with local_system(tiny_model_dir, tmp_path, plan, role_args={role: TWO_RANKS}) as system:
-        assert len(second_ranks()) == 1  # the split instance's rank 1; no other instance has one
+        assert len(rank_pids()) == 1  # the split instance's rank 1; no other instance has one
         outputs = asyncio.run(run_all(f"{system.spec.router_url}/v1"))
     assert outputs == reference
     assert all(reference.values())
@@ -64,7 +49,7 @@ def test_caches_move_between_instances_of_different_sizes(
     with local_system(
         tiny_model_dir, tmp_path, plan, transfer_backend=backend, role_args={split: TWO_RANKS}
     ) as system:
-        assert len(second_ranks()) == 1
+        assert len(rank_pids()) == 1
         outputs = asyncio.run(run_all(f"{system.spec.router_url}/v1"))
         assert_nothing_leaked(system)
     assert outputs == reference

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from epd_engine.server.app import RANKS_LOST_EXIT
-from tests.processes import free_port, running
+from tests.processes import free_port, rank_pids, running
 
 pytestmark = pytest.mark.slow
 STREAMS = 6
@@ -31,21 +31,6 @@ def serve_args(model_dir: Path, port: int) -> list[str]:
         "--num-kv-blocks", "256", "--num-image-blocks", "8",
         "--tensor-parallel-size", "2", "--rank-timeout-s", str(RANK_TIMEOUT_S),
     ]  # fmt: skip
-
-
-def rank_pids(leader: int) -> list[int]:
-    """The rank processes ``leader`` started (their command line names it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"epd_engine.parallel.rank_main" in argv and argv[-2:-1] == [str(leader).encode()]:
-            found.append(int(entry.name))
-    return found
 
 
 def alive(pid: int) -> bool:

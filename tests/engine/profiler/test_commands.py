@@ -10,6 +10,7 @@ from epd_engine.cli import main
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import write_trace
 from epd_engine.profiler.cost_model import load_cost_model, save_cost_model
+from tests.processes import rank_pids
 
 from .factories import make_trace, toy_cost_model
 
@@ -185,17 +186,7 @@ def test_profile_costs_times_a_tensor_parallel_language_model(
     cost = load_cost_model(out)
     assert cost.meta["tensor_parallel_size"] == 2
     assert cost.language.fixed_s + cost.language.per_token_s > 0
-    assert not [
-        entry for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and b"parallel.rank_main" in _cmdline(entry)
-    ]  # fmt: skip
-
-
-def _cmdline(entry: Path) -> bytes:
-    try:
-        return (entry / "cmdline").read_bytes()
-    except OSError:
-        return b""
+    assert not rank_pids()
 
 
 def test_profile_costs_on_qwen2_vl_charges_images_by_their_trace_tokens(

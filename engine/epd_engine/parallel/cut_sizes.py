@@ -1,0 +1,28 @@
+"""Which tensor-parallel sizes a language model can be cut into: its query heads, KV heads
+and MLP width must all divide by the size (pure Python: the operator checks presets with it
+before any pod starts, the engine every checkpoint as it loads, ``sharding.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epd_engine.config import TENSOR_PARALLEL_SIZES
+
+CUT_FIELDS = ("num_heads", "num_kv_heads", "intermediate_size")  # what each rank holds 1/N of
+
+
+def fitting_sizes(values: Mapping[str, int]) -> list[int]:
+    """The sizes every one of ``values`` (``CUT_FIELDS`` -> count) divides by."""
+    return [s for s in TENSOR_PARALLEL_SIZES if all(v % s == 0 for v in values.values())]
+
+
+def undivided(values: Mapping[str, int], size: int, whose: str) -> str | None:
+    """Why ``size`` cannot cut a model with ``values`` (None: it can), naming the field and
+    the sizes that would; ``whose`` names the model in the message."""
+    for field, value in values.items():
+        if value % size:
+            return (
+                f"{size} does not divide {whose} {field} ({value}); sizes that do: "
+                f"{', '.join(map(str, fitting_sizes(values)))}"
+            )
+    return None
