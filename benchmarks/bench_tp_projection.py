@@ -21,7 +21,8 @@ from epd_engine.bench.allreduce_link import measure_allreduce_link
 from epd_engine.bench.profile_costs import ProfileConfig, profile_costs
 from epd_engine.bench.results_file import write_results
 from epd_engine.model.registry import load_model_config
-from epd_engine.profiler.tensor_parallel import RankedShape, projected
+from epd_engine.profiler.rank_costs import RankedShape
+from epd_engine.profiler.tensor_parallel import projected
 from epd_engine.transfer.memory import dtype_of
 
 

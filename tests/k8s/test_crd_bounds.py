@@ -56,10 +56,16 @@ def _both(*mutations: Any) -> Any:
         (_both(_set("disaggregation", {"mode": "Auto"}),
                _set("engine.roles", {"PD": {"tensorParallelSize": 2}})),
          "spec.engine.roles", "needs disaggregation mode Fixed"),
+        (_set("disaggregation.tensorParallelSizes", [1, 2]),
+         "spec.disaggregation.tensorParallelSizes", "sizes above 1 are for mode Auto"),
+        (_both(_set("disaggregation", {"mode": "Auto"}),
+               _set("disaggregation.tensorParallelSizes", [1, 3])),
+         "spec.disaggregation.tensorParallelSizes[1]", "supported values"),
     ],
     ids=["gpus-per-instance", "router-replicas", "memory-quantity", "extra-args",
          "capacity-min-over-max", "capacity-max-bound", "capacity-max-over-budget",
-         "tp-on-a-migrating-role", "tp-size", "tp-in-auto-mode"],
+         "tp-on-an-encoder", "tp-size", "tp-in-auto-mode", "tp-sizes-in-fixed-mode",
+         "tp-sizes-bad-size"],
 )  # fmt: skip
 def test_api_server_rejects_values_the_engine_cannot_run(
     cluster: Cluster, crd: None, namespace: str, mutate: Any, field: str, words: str
@@ -86,6 +92,11 @@ def test_api_server_accepts_the_bounds_themselves(
         _set("engine.resources.limits.memory", "1536Mi"),
     ):
         mutate(doc["spec"])
+    cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc)
+    )
+    # the profiler may split pools at 1 or 2 ranks (mode Auto)
+    doc["spec"]["disaggregation"] = {"mode": "Auto", "tensorParallelSizes": [1, 2]}
     cluster.kubectl(
         "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc)
     )

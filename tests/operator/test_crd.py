@@ -50,7 +50,7 @@ def test_method_enum_and_cel_rules_present() -> None:
     ]
     dis = spec["properties"]["disaggregation"]
     assert dis["properties"]["method"]["enum"] == ["E+P+D", "EP+D", "ED+P", "E+PD", "EPD"]
-    assert len(dis["x-kubernetes-validations"]) == 3
+    assert len(dis["x-kubernetes-validations"]) == 4  # the last: tensorParallelSizes in Auto
     assert "gpuBudget" in spec["x-kubernetes-validations"][0]["rule"]
     assert spec["required"] == ["model", "gpuBudget"]
 

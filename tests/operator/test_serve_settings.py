@@ -96,7 +96,9 @@ def test_a_local_replica_of_a_planned_run_gets_the_plan_budgets_not_a_search(
         tmp_path, "m", "http://127.0.0.1:9", tmp_path, "token", plan_budgets=PLAN.budgets
     )
     pools = LocalPools(engines)
-    pools.searched_budgets[budget_key(Role.D, engines)] = {"token_budget": 96}
+    pools.searched_budgets[budget_key(PoolSpec("demo-d", Role.D, 1, 0), engines)] = {
+        "token_budget": 96
+    }
     ep = pools.engine_args(PoolSpec("demo-ep", Role.EP, 1, 0), "demo-ep-0", 9001)
     d = pools.engine_args(PoolSpec("demo-d", Role.D, 1, 0), "demo-d-0", 9002)
     assert _contains_in_order(ep, plan_budget_flags(PLAN.budgets[Role.EP]))

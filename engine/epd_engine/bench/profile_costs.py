@@ -37,6 +37,7 @@ from epd_engine.profiler.cost_model import (
 )
 from epd_engine.profiler.fit import Sample, fit_encode, fit_language, fit_overlap, robust
 from epd_engine.profiler.links import MEASURED_BACKENDS, LinkCoeffs, fit_link
+from epd_engine.profiler.rank_costs import RankCosts, RankedShape
 from epd_engine.sampling import SamplingParams, SamplingSpec
 from epd_engine.scheduler.output import EncodeTask, SchedulerOutput, TokenTask
 from epd_engine.timing import best_of
@@ -132,6 +133,12 @@ class RunnerProbe:
             for side in VARIABLE_PROBE_SIDES:
                 pixels = vision.probe_pixels(side, side)
                 self.probes[vision.tokens_of(pixels)] = pixels
+
+    def language_bytes(self) -> int:
+        """What this rank holds of the language model's weights."""
+        language = self.runner.language
+        assert language is not None
+        return sum(p.numel() * p.element_size() for p in language.parameters())
 
     def close(self) -> None:
         """Stop the other ranks (a tensor-parallel probe)."""
@@ -306,6 +313,7 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
     probe = RunnerProbe(config)
     try:
         samples = measure_samples(probe)
+        language_bytes = probe.language_bytes()
     finally:
         probe.close()
     encode, encode_err, encode_dropped = robust(
@@ -347,7 +355,18 @@ def profile_costs(config: ProfileConfig) -> tuple[FittedCostModel, list[Sample]]
         "num_samples": len(samples),
         "num_dropped_as_contended": encode_dropped + language_dropped,
     }
-    fitted = FittedCostModel(encode, language, overlap, migration, capacity, meta, links=links)
+    ranks = None
+    if config.tensor_parallel_size == 1 and "collective" in links:
+        from epd_engine.parallel.sharding import divisors_of
+
+        # what the plan search projects other sizes from (profiler/tensor_parallel.sized): the
+        # ranks' collectives go over the same library between processes the collective
+        # backend was measured on (gloo here on a CPU, NCCL between a node's GPUs)
+        ranks = RankCosts(RankedShape.of(model, bytes_per), links["collective"],
+                          language_bytes, tuple(divisors_of(model)))  # fmt: skip
+    fitted = FittedCostModel(
+        encode, language, overlap, migration, capacity, meta, links=links, ranks=ranks
+    )
     return fitted.for_backend("auto"), samples  # what `epdctl up` on this host uses
 
 

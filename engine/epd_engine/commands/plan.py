@@ -30,6 +30,19 @@ def _methods(text: str | None) -> Any:
         raise UserError(f"--methods {text!r}: {exc}; known: {known}") from exc
 
 
+def _tp_sizes(text: str) -> tuple[int, ...]:
+    from epd_engine.config import TENSOR_PARALLEL_SIZES
+
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError as exc:
+        raise UserError(f"--tensor-parallel-sizes {text!r}: {exc}") from exc
+    known = ", ".join(map(str, TENSOR_PARALLEL_SIZES))
+    if not sizes or any(size not in TENSOR_PARALLEL_SIZES for size in sizes):
+        raise UserError(f"--tensor-parallel-sizes {text!r}: each one of {known}")
+    return sizes
+
+
 def _plan(args: argparse.Namespace) -> int:
     from epd_engine.profiler.search import (
         format_table,
@@ -42,14 +55,18 @@ def _plan(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus must be >= 1, got {args.gpus}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be in (0, 1), got {args.tolerance}")
+    tp_sizes = _tp_sizes(args.tensor_parallel_sizes)
     records, cost, slo = load_inputs(args)
     print(f"migrations over {link_label(cost)}")
-    evaluator, exhaustive, heuristic = search_plans(
-        records, cost, slo, args.gpus,
-        methods=_methods(args.methods), with_heuristic=args.compare_heuristic,
-        show_progress=not args.no_progress, rel_tolerance=args.tolerance,
-        num_workers=args.workers,
-    )  # fmt: skip
+    try:
+        evaluator, exhaustive, heuristic = search_plans(
+            records, cost, slo, args.gpus,
+            methods=_methods(args.methods), with_heuristic=args.compare_heuristic,
+            show_progress=not args.no_progress, rel_tolerance=args.tolerance,
+            num_workers=args.workers, tp_sizes=tp_sizes,
+        )  # fmt: skip
+    except ValueError as exc:  # a size the cost model cannot project
+        raise UserError(f"--tensor-parallel-sizes: {exc}") from exc
     rows = table_rows(exhaustive, args.top)
     print(format_table(rows))
     print(
@@ -109,7 +126,16 @@ def register(subparsers: Any) -> None:
         "HydraInfer's heuristic beside it.",
     )
     add_input_args(parser)
-    parser.add_argument("--gpus", type=int, required=True, help="GPU budget (one per instance)")
+    parser.add_argument(
+        "--gpus", type=int, required=True, help="GPU budget (one per instance and rank)"
+    )
+    parser.add_argument(
+        "--tensor-parallel-sizes",
+        default="1",
+        help="comma-separated sizes each pool that runs the language model may split its "
+        "instances into, e.g. 1,2,4 (each rank one GPU of the budget; the cost model must "
+        "record its 'ranks', as the reference does). Default 1",
+    )
     parser.add_argument("--methods", help="comma-separated subset, e.g. E+P+D,EP+D (default all)")
     parser.add_argument(
         "--tolerance",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from epd_engine.config import Method, Role
+from epd_engine.config import TENSOR_PARALLEL_SIZES, Method, Role
 
 
 class Budgets(BaseModel):
@@ -47,6 +47,9 @@ class Plan(BaseModel):
     method: Method
     pools: dict[Role, int]
     budgets: dict[Role, Budgets] = Field(default_factory=dict)
+    # ranks each instance of a pool splits its language model over, where above 1 (issue
+    # 34): its pods then take that many GPUs per instance
+    tensor_parallel: dict[Role, int] = Field(default_factory=dict)
     predicted: Prediction | None = None
     reason: str = ""
     trace: TraceRef | None = None
@@ -66,13 +69,35 @@ class Plan(BaseModel):
             raise ValueError(
                 f"budgets for roles not in the method: {sorted(r.value for r in unknown)}"
             )
+        for role, size in self.tensor_parallel.items():
+            if role not in expected:
+                raise ValueError(f"a tensor-parallel size for {role.value}, not in the method")
+            if size not in TENSOR_PARALLEL_SIZES:
+                sizes = ", ".join(map(str, TENSOR_PARALLEL_SIZES))
+                raise ValueError(f"{role.value}'s tensor-parallel size must be one of {sizes}")
+            if size > 1 and not role.needs_language:
+                raise ValueError(f"{role.value} runs no language model to split over ranks")
         return self
+
+    def size_of(self, role: Role) -> int:
+        """Ranks per instance of ``role``'s pool."""
+        return self.tensor_parallel.get(role, 1)
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks over every instance, each one device's worth: what a GPU budget counts
+        (the instances where none splits its language model)."""
+        return sum(n * self.size_of(r) for r, n in self.pools.items())
 
     @property
     def num_instances(self) -> int:
         return sum(self.pools.values())
 
     def describe(self) -> str:
-        """Compact human form, e.g. ``E+P+D 1E3P4D``."""
-        ratio = "".join(f"{self.pools[r]}{r.value}" for r in self.method.roles)
-        return f"{self.method.value} {ratio}"
+        """Compact human form, e.g. ``E+P+D 1E3P4D``; with tensor-parallel pools each pool
+        apart and its size after an x: ``E+P+D 1E 1Px2 2D`` (P's instances at two ranks)."""
+        pools = [
+            f"{self.pools[r]}{r.value}" + (f"x{self.size_of(r)}" if self.size_of(r) > 1 else "")
+            for r in self.method.roles
+        ]
+        return f"{self.method.value} {(' ' if self.tensor_parallel else '').join(pools)}"

@@ -30,10 +30,11 @@ from epd_engine.model.llava import LayerWritten
 from epd_engine.model.loader import load_language, load_vision
 from epd_engine.model.mrope import MRopeState
 from epd_engine.model.registry import RopeRule, family_of
-from epd_engine.parallel.kv_staging import KvStaging, staging_pages
+from epd_engine.parallel.kv_staging import KvStaging
 from epd_engine.parallel.messages import RunnerSetup
 from epd_engine.parallel.ranks import RankLeader
 from epd_engine.parallel.sharding import shard_config
+from epd_engine.parallel.sizing import staging_pages
 from epd_engine.request import PENDING_TOKEN, Request, RequestStatus
 from epd_engine.sampling import SampledToken, SamplingParams, SamplingSpec
 from epd_engine.scheduler import RequestEvent, Scheduler, SchedulerLimits, SchedulerOutput

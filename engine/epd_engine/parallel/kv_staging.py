@@ -27,13 +27,6 @@ import torch.distributed as dist
 from epd_engine.transfer.backend import TransferError
 from epd_engine.transfer.memory import CacheMemory
 
-# a staging region holds this many tokens, or one longest request if that is more
-STAGING_TOKENS = 8192
-
-
-def staging_pages(max_model_len: int, block_size: int) -> int:
-    return -(-max(STAGING_TOKENS, max_model_len) // block_size)
-
 
 class StagingFull(TransferError):
     """No staging pages are free for a migration: it fails and is re-routed or recomputed."""

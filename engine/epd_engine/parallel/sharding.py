@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from epd_engine.config import TENSOR_PARALLEL_SIZES as SIZES
-from epd_engine.parallel.cut_sizes import CUT_FIELDS, fitting_sizes, undivided
+from epd_engine.parallel.sizing import CUT_FIELDS, fitting_sizes, undivided
 
 _C = TypeVar("_C")
 

@@ -111,6 +111,24 @@ def stage_work(
     )
 
 
+def compose(by_stage: dict[Stage, StageWork]) -> StageWork:
+    """One ``StageWork`` from each stage's part of its own (pools of different
+    tensor-parallel sizes: each stage costed at the size of the pool that runs it)."""
+    encode, prefill, decode = (by_stage[s] for s in (Stage.ENCODE, Stage.PREFILL, Stage.DECODE))
+    if encode is prefill is decode:
+        return encode
+    return StageWork(
+        encode.encode_s,
+        prefill.prefill_s,
+        decode.decode_s,
+        encode.min_encode_s,
+        encode.min_migrate_s,
+        prefill.min_prefill_s,
+        decode.min_tpot_s,
+        max_output_tokens=decode.max_output_tokens,
+    )
+
+
 def work_budgets(budgets: dict[Stage, Budgets]) -> tuple[int, int]:
     """All ``stage_work`` reads of the budgets: methods that agree on these share its result."""
     return budgets[Stage.ENCODE].image_budget, budgets[Stage.PREFILL].token_budget

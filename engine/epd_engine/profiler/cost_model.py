@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from epd_engine.profiler.links import NETWORK_LINK, LinkCoeffs, link_backend
+from epd_engine.profiler.rank_costs import RankCosts
 from epd_engine.scheduler.output import SchedulerOutput
 
 COST_MODEL_KIND = "epd-cost-model"
@@ -248,6 +249,9 @@ class FittedCostModel:
     # instances on one node): the simulator charges each pair by where its instances run
     # (``placement.py``). None: one link for every pair.
     remote_migration: MigrationCoeffs | None = None
+    # What splitting the language model over ranks costs and frees (``rank_costs.py``); the
+    # plan search tries tensor-parallel sizes only with it. None: one rank per instance.
+    ranks: RankCosts | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -337,8 +341,9 @@ class FittedCostModel:
                     if data.get("remote_migration")
                     else None
                 ),
+                ranks=RankCosts.from_dict(data["ranks"]) if data.get("ranks") else None,
             )
-        except (TypeError, ValueError) as exc:  # unknown, missing or impossible field
+        except (TypeError, ValueError, KeyError) as exc:  # unknown, missing or impossible field
             raise ValueError(f"{source}: malformed cost model ({exc})") from exc
 
 

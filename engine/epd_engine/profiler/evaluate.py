@@ -17,6 +17,7 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.bounds import (
     StageWork,
     capacity_bound,
+    compose,
     role_work_s,
     stage_work,
     work_budgets,
@@ -26,6 +27,7 @@ from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
 from epd_engine.profiler.rate_grid import RateGrid
 from epd_engine.profiler.simulator import Simulator
+from epd_engine.profiler.tensor_parallel import sized
 from epd_engine.slo.attainment import attainment, passes
 from epd_engine.slo.goodput import GoodputResult, RatePoint, find_goodput
 from epd_engine.slo.outcomes import RequestResult, summarize
@@ -76,45 +78,73 @@ class Evaluator:
         self.instances_per_node = instances_per_node
         self.grouped = grouped
         self.grid = RateGrid(step=rel_tolerance)
-        self.budgets: dict[Role, Budgets | None] = {
-            role: derive_budgets(cost, role, slo) for role in Role
-        }
-        self._work: dict[Method, StageWork | None] = {}
-        self._work_by_budgets: dict[tuple[int, int], StageWork] = {}  # methods that agree
-        self._role_work: dict[Method, dict[Role, float] | None] = {}
+        self._sized: dict[int, FittedCostModel] = {1: cost}
+        self._budgets: dict[tuple[Role, int], Budgets | None] = {}
+        self.budgets: dict[Role, Budgets | None] = {role: self.budgets_at(role) for role in Role}
+        self._work: dict[tuple[Method, tuple[int, ...]], StageWork | None] = {}
+        # methods and sizes that agree on what stage_work reads share its result
+        self._work_by: dict[tuple[int, int, int], StageWork] = {}
+        self._role_work: dict[tuple[Method, tuple[int, ...]], dict[Role, float] | None] = {}
         self._runs: dict[tuple[Candidate, float], list[RequestResult]] = {}
         self.num_simulations = 0
 
     # ---- static analysis ------------------------------------------------------------------
-    def work(self, method: Method) -> StageWork | None:
-        if method not in self._work:
-            by_stage = {stage: self.budgets[method.role_for(stage)] for stage in Stage}
+    def cost_at(self, size: int) -> FittedCostModel:
+        """The cost of an instance of ``size`` ranks (``tensor_parallel.sized``)."""
+        if size not in self._sized:
+            self._sized[size] = sized(self.cost, size)
+        return self._sized[size]
+
+    def budgets_at(self, role: Role, size: int = 1) -> Budgets | None:
+        if (role, size) not in self._budgets:
+            self._budgets[(role, size)] = derive_budgets(self.cost_at(size), role, self.slo)
+        return self._budgets[(role, size)]
+
+    def work(self, method: Method, sizes: tuple[int, ...] = ()) -> StageWork | None:
+        """Per-stage work under ``method`` with its pools at ``sizes`` (``Candidate.sizes``):
+        each stage at the cost and budgets of the pool that runs it."""
+        key = (method, sizes)
+        if key not in self._work:
+            size_of = dict(zip(method.roles, sizes, strict=True)) if sizes else {}
+            stage_size = {s: size_of.get(method.role_for(s), 1) for s in Stage}
+            by_stage = {s: self.budgets_at(method.role_for(s), stage_size[s]) for s in Stage}
             known = {s: b for s, b in by_stage.items() if b is not None}
-            if len(known) < len(by_stage):
-                self._work[method] = None
-            else:
-                key = work_budgets(known)
-                if key not in self._work_by_budgets:
-                    work = stage_work(self.records, self.cost, known)
-                    self._work_by_budgets[key] = work
-                self._work[method] = self._work_by_budgets[key]
-        return self._work[method]
+            self._work[key] = None
+            if len(known) == len(by_stage):
+                parts = {s: self._stage_work(known, stage_size[s]) for s in Stage}
+                self._work[key] = compose(parts)
+        return self._work[key]
+
+    def _stage_work(self, budgets: dict[Stage, Budgets], size: int) -> StageWork:
+        key = (*work_budgets(budgets), size)
+        if key not in self._work_by:
+            self._work_by[key] = stage_work(self.records, self.cost_at(size), budgets)
+        return self._work_by[key]
 
     def bound(self, candidate: Candidate) -> float:
         """``bounds.goodput_bound``, its per-method part computed once for every ratio."""
-        method = candidate.method
-        if method not in self._role_work:
-            work = self.work(method)
-            self._role_work[method] = None
+        key = (candidate.method, candidate.sizes)
+        if key not in self._role_work:
+            work = self.work(*key)
+            self._role_work[key] = None
             if work is not None:
                 args = (self.slo, len(self.records), self.cost.overlap)
-                self._role_work[method] = role_work_s(method, work, *args)
-        return capacity_bound(candidate.pools, self._role_work[method])
+                self._role_work[key] = role_work_s(candidate.method, work, *args)
+        return capacity_bound(candidate.pools, self._role_work[key])
 
     # ---- simulation -----------------------------------------------------------------------
     def plan(self, candidate: Candidate) -> Plan:
-        budgets = {r: b for r in candidate.method.roles if (b := self.budgets[r]) is not None}
-        return Plan(method=candidate.method, pools=candidate.pools, budgets=budgets)
+        budgets = {
+            r: b
+            for r in candidate.method.roles
+            if (b := self.budgets_at(r, candidate.size_of(r))) is not None
+        }
+        return Plan(
+            method=candidate.method,
+            pools=candidate.pools,
+            budgets=budgets,
+            tensor_parallel=candidate.tensor_parallel,
+        )
 
     def run(self, candidate: Candidate, rate_rps: float) -> list[RequestResult]:
         key = (candidate, round(rate_rps, 9))

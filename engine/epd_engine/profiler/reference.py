@@ -36,6 +36,8 @@ from epd_engine.profiler.cost_model import (
     LanguageCoeffs,
     MigrationCoeffs,
 )
+from epd_engine.profiler.links import LinkCoeffs
+from epd_engine.profiler.rank_costs import RankCosts, RankedShape
 
 REFERENCE_MODELS = ("llava-1.5-7b", "qwen3-vl-8b", "gemma3-4b")
 
@@ -76,12 +78,24 @@ def reference_cost_model(model: str = "llava-1.5-7b") -> FittedCostModel:
             max_model_len=4096,
             tokens_per_image=None,  # trust the trace (recorded for this model)
         ),
+        # 32 heads, 32 KV heads, MLP 11,008: every size cuts it; 6.7 B language weights
+        ranks=_ranks(RankedShape(32, 4096, 32064, 2), 13.5e9, (1, 2, 4, 8)),
         meta={
             "source": "synthetic reference (epd_engine.profiler.reference), not measured",
             "model": {"name": "llava-1.5-7b", "dtype": "float16"},
             "hardware": {"device": "H800-class GPU (assumed)"},
         },
     )
+
+
+# The ranks of one instance all-reduce over NVLink within a node: NCCL's all-reduce on
+# H100/H800 SXM reaches ~360 GB/s of bus bandwidth, with ~15 us a collective at the small
+# sizes of a decode step (assumed from NVIDIA's published nccl-tests shapes, not measured).
+NVLINK = LinkCoeffs(latency_s=15e-6, bytes_per_s=360e9)
+
+
+def _ranks(shape: RankedShape, weight_bytes: float, sizes: tuple[int, ...]) -> RankCosts:
+    return RankCosts(shape=shape, link=NVLINK, weight_bytes=int(weight_bytes), sizes=sizes)
 
 
 # Qwen3-VL-8B's shapes (``qwen3_vl_preset.QWEN3_VL_8B``; a test keeps them equal).
@@ -117,6 +131,8 @@ def _qwen3_vl_8b() -> FittedCostModel:
             max_model_len=32768,
             tokens_per_image=None,  # by resolution: the trace's per-image tokens
         ),
+        # 32 heads, 8 KV heads, MLP 12,288; ~8.2 B language weights
+        ranks=_ranks(RankedShape(QWEN3_VL_8B_LAYERS, 4096, 151936, 2), 16.4e9, (1, 2, 4, 8)),
         meta={
             "source": "synthetic reference (epd_engine.profiler.reference), not measured",
             "model": {"name": "qwen3-vl-8b", "dtype": "bfloat16"},
@@ -161,6 +177,8 @@ def _gemma3_4b() -> FittedCostModel:
             max_model_len=32768,
             tokens_per_image=256,  # every image, whatever its size
         ),
+        # 8 heads, 4 KV heads, MLP 10,240: up to 4 ranks; ~3.9 B language weights
+        ranks=_ranks(RankedShape(GEMMA3_4B_LAYERS, GEMMA3_4B_HIDDEN, 262208, 2), 7.8e9, (1, 2, 4)),
         meta={
             "source": "synthetic reference (epd_engine.profiler.reference), not measured",
             "model": {"name": "gemma3-4b", "dtype": "bfloat16"},

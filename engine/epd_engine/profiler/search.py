@@ -81,11 +81,13 @@ def exhaustive_search(
     show_progress: bool = True,
     num_workers: int = 1,
     hint: Hint | None = None,
+    tp_sizes: Sequence[int] = (1,),
 ) -> SearchResult:
     """Best-first over all candidates on the rate grid; ``num_workers`` > 1 simulates in
-    parallel. The answer is the exhaustive one (see ``BestFirst``)."""
+    parallel. The answer is the exhaustive one (see ``BestFirst``). ``tp_sizes``: the
+    tensor-parallel sizes each pool that runs the language model may take."""
     started = time.perf_counter()
-    candidates = enumerate_candidates(num_gpus, methods)
+    candidates = enumerate_candidates(num_gpus, methods, tp_sizes)
     search = BestFirst(evaluator, candidates, hint)
     bar = tqdm(total=len(candidates), desc=f"plans for {num_gpus} GPUs", disable=not show_progress)
     with SimPool(evaluator, num_workers) as pool:
@@ -188,7 +190,7 @@ def plan_from_search(
         gap = f"; heuristic pick {heuristic.best.candidate.describe()} is {lost:.0%} below"
     reason = (
         f"highest simulated goodput of {exhaustive.num_candidates} plans for "
-        f"{best.candidate.num_instances} GPUs at TTFT<={slo.ttft_s:g}s, "
+        f"{best.candidate.num_gpus} GPUs at TTFT<={slo.ttft_s:g}s, "
         f"TPOT<={slo.tpot_s:g}s ({exhaustive.num_pruned} pruned by bound){gap}"
     )
     return to_plan(evaluator, best, reason, window)
@@ -205,6 +207,7 @@ def table_rows(result: SearchResult, limit: int | None = 20) -> list[dict[str, A
                 "plan": e.candidate.describe(),
                 "method": e.candidate.method.value,
                 "pools": {r.value: n for r, n in e.candidate.pools.items()},
+                "tensor_parallel": {r.value: n for r, n in e.candidate.tensor_parallel.items()},
                 "goodput_rps": e.goodput_rps,
                 "below_rps": e.below_rps,
                 "bound_rps": None if e.bound_rps == float("inf") else e.bound_rps,
@@ -246,8 +249,13 @@ def search_plans(
     num_workers: int = 1,
     hint: Hint | None = None,
     instances_per_node: int | None = None,
+    tp_sizes: Sequence[int] = (1,),
 ) -> tuple[Evaluator, SearchResult, SearchResult | None]:
     evaluator = Evaluator(records, cost, slo, rel_tolerance, instances_per_node)
-    exhaustive = exhaustive_search(evaluator, num_gpus, methods, show_progress, num_workers, hint)
+    for size in tp_sizes:
+        evaluator.cost_at(size)  # a size the cost model cannot give: refused before searching
+    exhaustive = exhaustive_search(
+        evaluator, num_gpus, methods, show_progress, num_workers, hint, tp_sizes
+    )
     heuristic = heuristic_search(evaluator, num_gpus, show_progress) if with_heuristic else None
     return evaluator, exhaustive, heuristic

@@ -40,6 +40,7 @@ from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
 from epd_engine.profiler.sim_routing import ScannedPool, routing_pool
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.sim_sessions import whole_prompts
+from epd_engine.profiler.tensor_parallel import sized
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
 from epd_engine.scheduler.output import PullTask
@@ -110,13 +111,15 @@ class Simulator:
         self.scheduler_kind = scheduler_kind
         self.plan = plan
         self.cost = cost
+        # each pool's instances at their tensor-parallel size (the plan's; 1: ``cost``)
+        self.role_cost = {role: sized(cost, plan.size_of(role)) for role in plan.method.roles}
         self.host_cores = host_cores
         self.slo = slo or SLO()
         # None: least loaded, or by prefix affinity when the cache is modelled (the router's)
         self.policy = policy
         self.budgets = {}
         for role in plan.method.roles:
-            budgets = plan.budgets.get(role) or derive_budgets(cost, role, self.slo)
+            budgets = plan.budgets.get(role) or derive_budgets(self.role_cost[role], role, self.slo)
             if budgets is not None:
                 self.budgets[role] = budgets
         self.infeasible = len(self.budgets) < len(plan.method.roles)
@@ -152,7 +155,7 @@ class _Run:
                     scheduler = build_scheduler(
                         role,
                         sim.budgets[role],
-                        sim.cost.capacity,
+                        sim.role_cost[role].capacity,
                         sim.scheduler_kind,
                         self.prefix_cache,
                     )
@@ -318,7 +321,7 @@ class _Run:
             inst.scheduler.apply(out)
             self.hand_off_migrating(inst, now)
             return  # blocked on pages: a step or a released migration will kick it again
-        step_s = self.cost.runner_step_s(out.shape()) + self.jitter.step_s()
+        step_s = self.sim.role_cost[inst.role].runner_step_s(out.shape()) + self.jitter.step_s()
         overheads = self.cost.overheads
         if out.encodes:
             step_s += overheads.encode_s

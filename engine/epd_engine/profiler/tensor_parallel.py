@@ -22,31 +22,13 @@ measures the real thing, and ``compare`` says how far apart they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from epd_engine.parallel.sizing import staging_pages
 from epd_engine.profiler.cost_model import FittedCostModel, LanguageCoeffs
 from epd_engine.profiler.links import LinkCoeffs
-
-
-@dataclass(frozen=True)
-class RankedShape:
-    """What the collectives of one step carry, from the model's config."""
-
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    dtype_bytes: int
-
-    @classmethod
-    def of(cls, config: Any, dtype_bytes: int) -> RankedShape:
-        return cls(config.num_layers, config.hidden_size, config.vocab_size, dtype_bytes)
-
-    @property
-    def messages(self) -> int:
-        """Per step: two all-reduces a layer, one after the embedding, the logits' gather,
-        and rank 0's call to the other ranks (its size, then its body)."""
-        return 2 * self.num_layers + 4
+from epd_engine.profiler.rank_costs import RankedShape
 
 
 def projected(
@@ -72,6 +54,32 @@ def projected(
     )
     meta = {**one_rank.meta, "tensor_parallel_size": size, "projected_from_one_rank": True}
     return replace(one_rank, language=language, meta=meta)
+
+
+def sized(cost: FittedCostModel, size: int) -> FittedCostModel:
+    """``cost`` (measured on one rank) for an instance of ``size`` ranks, as the plan search
+    charges it: the language model ``projected`` over the recorded link, and the KV pages
+    its ranks hold. A rank's page holds 1/size of the heads, and the weights it no longer
+    holds (``(size - 1)/size`` of them) become pages too; rank 0's whole-head staging pages
+    for migrations come off (``parallel/kv_staging.py``)."""
+    if size == 1:
+        return cost
+    ranks = cost.ranks
+    if ranks is None:
+        raise ValueError(
+            "this cost model records no tensor-parallel terms (its 'ranks': profile it with "
+            "this version's epdctl profile-costs, or plan with --cost-model reference)"
+        )
+    if size not in ranks.sizes:
+        fitting = ", ".join(map(str, ranks.sizes))
+        raise ValueError(f"tensor-parallel size {size} does not cut this model; sizes: {fitting}")
+    cap = cost.capacity
+    per_token = cost.migration.kv_bytes_per_token + cost.migration.kv_windowed_bytes_per_token
+    page_bytes = max(1, per_token * cap.kv_block_size)  # every layer's, whole heads
+    pages = size * cap.num_kv_blocks + ranks.weight_bytes * (size - 1) // page_bytes
+    pages -= size * staging_pages(cap.max_model_len, cap.kv_block_size)
+    capacity = replace(cap, num_kv_blocks=max(0, pages))
+    return replace(projected(cost, size, ranks.shape, ranks.link), capacity=capacity)
 
 
 def kv_blocks(

@@ -50,6 +50,9 @@ DEFAULT_TERMINATION_GRACE_S = 60
 ClassName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
+TensorParallelSize = Literal[1, 2, 4, 8]  # config.TENSOR_PARALLEL_SIZES, for the schema
+
+
 class RoleSettings(SpecModel):
     """One role's pods, where they differ from ``spec.engine`` (e.g. encoders on a cheaper GPU
     tier: another ``nodeSelector``, ``gpuResourceName`` or image)."""
@@ -61,7 +64,7 @@ class RoleSettings(SpecModel):
         le=MAX_GPUS_PER_INSTANCE,
         description="Replaces engine.gpusPerInstance for this role (0: on CPU).",
     )
-    tensor_parallel_size: Literal[1, 2, 4, 8] | None = Field(
+    tensor_parallel_size: TensorParallelSize | None = Field(
         default=None,
         description="Ranks each instance splits its language model over, one device each: "
         "the pods request gpusPerInstance x this many GPUs. Not for E (an encoder runs whole); "
@@ -270,8 +273,7 @@ class RolePod:
     """One role's pod settings, resolved: the role's where set, else the engine's."""
 
     image: str
-    gpus_per_instance: int  # all its ranks' together
-    tensor_parallel_size: int
+    gpus_per_rank: int  # an instance has one set per tensor-parallel rank (the plan's size)
     gpu_resource_name: str
     requests: dict[str, str]
     limits: dict[str, str]
@@ -293,12 +295,10 @@ def role_pod(
 ) -> RolePod:
     own = roles.get(role) or RoleSettings()
     gpus = own.gpus_per_instance if own.gpus_per_instance is not None else gpus_per_instance
-    ranks = roles.tensor_parallel_size(role)
     return RolePod(
         # neither names one: the GPU image where the role has a GPU (api/images.py)
         image=own.image or image or default_engine_image(gpus),
-        gpus_per_instance=gpus * ranks,
-        tensor_parallel_size=ranks,
+        gpus_per_rank=gpus,
         gpu_resource_name=own.gpu_resource_name or gpu_resource_name,
         requests={**resources.requests, **(own.resources.requests if own.resources else {})},
         limits={**resources.limits, **(own.resources.limits if own.resources else {})},

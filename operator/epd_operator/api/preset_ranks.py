@@ -2,10 +2,11 @@
 width must divide by the size). The API server cannot know a checkpoint's heads; for the
 presets the operator does, so a bad size is refused at ``epdctl apply`` and in the status
 before any pod starts. Other checkpoints are checked by the engine as it starts, with the
-same rule (``epd_engine/parallel/cut_sizes.py``)."""
+same rule (``epd_engine/parallel/sizing.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from epd_engine.config import Role
@@ -13,7 +14,7 @@ from epd_engine.model.gemma3_preset import GEMMA3_PRESETS
 from epd_engine.model.presets import PRESETS
 from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS
 from epd_engine.model.qwen3_vl_preset import QWEN3_VL_PRESETS
-from epd_engine.parallel.cut_sizes import CUT_FIELDS, undivided
+from epd_engine.parallel.sizing import CUT_FIELDS, undivided
 
 _CONFIG_NAMES = {  # what the engine cuts -> its config.json name
     "num_heads": "num_attention_heads",
@@ -28,14 +29,29 @@ def preset_text_config(preset: str) -> dict[str, Any]:
     return config
 
 
+def _cut_values(preset: str) -> dict[str, int]:
+    text = preset_text_config(preset)
+    return {ours: int(text.get(_CONFIG_NAMES[ours]) or text["num_attention_heads"])
+            for ours in CUT_FIELDS}  # fmt: skip
+
+
+def check_preset_sizes(preset: str | None, sizes: Sequence[int]) -> None:
+    """Refuse a size in disaggregation.tensorParallelSizes the preset cannot be cut into."""
+    if preset is None:
+        return
+    values = _cut_values(preset)
+    for size in sizes:
+        reason = undivided(values, size, f"preset {preset}'s")
+        if reason is not None:
+            raise ValueError(f"disaggregation.tensorParallelSizes: {reason}")
+
+
 def check_preset_ranks(preset: str | None, roles: Any) -> None:
     """Refuse a role's tensorParallelSize the preset's heads or MLP width do not divide by,
     naming the field and the sizes that would."""
     if preset is None:
         return
-    text = preset_text_config(preset)
-    values = {ours: int(text.get(_CONFIG_NAMES[ours]) or text["num_attention_heads"])
-              for ours in CUT_FIELDS}  # fmt: skip
+    values = _cut_values(preset)
     for role in Role:
         size = roles.tensor_parallel_size(role)
         reason = undivided(values, size, f"preset {preset}'s")

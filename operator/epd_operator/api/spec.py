@@ -10,7 +10,7 @@ no phase). Rules that the OpenAPI schema cannot express are CEL rules
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -35,8 +35,14 @@ from epd_operator.api.pod_fields import (
     Resources,
     Toleration,
 )
-from epd_operator.api.pod_settings import MAX_GPUS_PER_INSTANCE, PodSettings, RolePod, role_pod
-from epd_operator.api.preset_ranks import check_preset_ranks
+from epd_operator.api.pod_settings import (
+    MAX_GPUS_PER_INSTANCE,
+    PodSettings,
+    RolePod,
+    TensorParallelSize,
+    role_pod,
+)
+from epd_operator.api.preset_ranks import check_preset_ranks, check_preset_sizes
 
 __all__ = [  # pod vocabulary re-exported: callers import the spec's types from here
     "MAX_LIST_ITEMS",
@@ -92,8 +98,12 @@ _AUTO_ROLE_GPUS = " && ".join(
 )
 _AUTO_ONE_RANK = " && ".join(f"{_role_ranks_cel(r.value)} == 1" for r in Role)
 _AUTO_TP_MESSAGE = (
-    "engine.roles.<role>.tensorParallelSize above 1 needs disaggregation mode Fixed: the "
-    "planner does not choose tensor-parallel sizes yet"
+    "engine.roles.<role>.tensorParallelSize above 1 needs disaggregation mode Fixed: in mode "
+    "Auto the profiler chooses each pool's size from disaggregation.tensorParallelSizes"
+)
+_AUTO_SIZES_MESSAGE = (
+    "sizes above 1 are for mode Auto (the profiler chooses among them); in mode Fixed set "
+    "engine.roles.<role>.tensorParallelSize"
 )
 _POOLS_MATCH_METHOD = " || ".join(
     f"(self.method == '{m.value}' && "
@@ -271,6 +281,12 @@ class DisaggregationSpec(_Model):
                     "pools must set exactly the roles of the method (E+P+D: E, P and D)",
                     ".pools",
                 ),
+                _cel(
+                    "self.mode == 'Auto' || !has(self.tensorParallelSizes) || "
+                    "self.tensorParallelSizes.all(s, s == 1)",
+                    _AUTO_SIZES_MESSAGE,
+                    ".tensorParallelSizes",
+                ),
             ]
         }
     )
@@ -281,9 +297,21 @@ class DisaggregationSpec(_Model):
     )
     method: Method | None = None
     pools: PoolCounts | None = None
+    tensor_parallel_sizes: list[TensorParallelSize] = Field(
+        default_factory=lambda: [cast(TensorParallelSize, 1)],
+        min_length=1,
+        max_length=4,
+        description="Mode Auto: the tensor-parallel sizes the profiler may give the instances "
+        "of each pool that runs the language model, one rank per gpusPerInstance GPUs (the "
+        "cost model must record its rank terms, as profile-costs' and the reference do; "
+        "heads must divide by each). Default [1]. Mode Fixed sets "
+        "engine.roles.<role>.tensorParallelSize instead.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> DisaggregationSpec:
+        if self.mode == "Fixed" and any(size > 1 for size in self.tensor_parallel_sizes):
+            raise ValueError(f"tensorParallelSizes: {_AUTO_SIZES_MESSAGE}")
         if self.mode == "Fixed" and (self.method is None or self.pools is None):
             raise ValueError("mode Fixed needs method and pools")
         if self.mode == "Auto" and self.pools is not None:
@@ -464,14 +492,14 @@ class EngineSpec(PodSettings):
             return []
         return ["--processor-max-pixels", str(self.processor_max_pixels)]
 
-    def gpus_for(self, role: Role) -> int:
-        """GPUs of each instance of ``role``: its own gpusPerInstance (else the engine's)
-        for each of its tensor-parallel ranks."""
+    def gpus_for(self, role: Role, ranks: int) -> int:
+        """GPUs of each instance of ``role`` at ``ranks`` tensor-parallel ranks (the plan's
+        size): its own gpusPerInstance (else the engine's) for each rank."""
         own = self.roles.get(role)
         per_rank = self.gpus_per_instance
         if own is not None and own.gpus_per_instance is not None:
             per_rank = own.gpus_per_instance
-        return per_rank * self.roles.tensor_parallel_size(role)
+        return per_rank * ranks
 
     def role_pod(self, role: Role, gpu_resource_name: str) -> RolePod:
         """What ``role``'s pods run: its settings in ``roles`` over the engine's."""
@@ -598,7 +626,10 @@ class EPDDeploymentSpec(_Model):
         pools = self.disaggregation.pools
         engine = self.engine
         if self.disaggregation.mode == "Fixed" and pools is not None:
-            gpus = sum(n * engine.gpus_for(role) for role, n in pools.as_dict().items())
+            gpus = sum(
+                n * engine.gpus_for(role, engine.roles.tensor_parallel_size(role))
+                for role, n in pools.as_dict().items()
+            )
             if gpus > self.gpu_budget:
                 raise ValueError(
                     f"the fixed pools need {gpus} GPUs (instances x engine.gpusPerInstance, or "
@@ -620,13 +651,14 @@ class EPDDeploymentSpec(_Model):
         if self.disaggregation.mode == "Auto":
             if any(engine.roles.tensor_parallel_size(r) > 1 for r in Role):
                 raise ValueError(_AUTO_TP_MESSAGE)
-            over = [r.value for r in Role if engine.gpus_for(r) > engine.gpus_per_instance]
+            over = [r.value for r in Role if engine.gpus_for(r, 1) > engine.gpus_per_instance]
             if over:
                 raise ValueError(
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     f"gpusPerInstance may be lower, not higher ({', '.join(over)})"
                 )
         check_preset_ranks(self.model.source.preset, engine.roles)
+        check_preset_sizes(self.model.source.preset, self.disaggregation.tensor_parallel_sizes)
         method = self.disaggregation.method
         check_groups(self.placement, method, engine.transfer_backend, engine.roles)
         return self
@@ -647,7 +679,13 @@ class Condition(_Model):
 class PlanStatus(_Model):
     method: Method
     pools: PoolCounts
-    summary: str = Field(default="", description="Instances per role, e.g. `1E2P1D`.")
+    tensor_parallel: PoolCounts | None = Field(
+        default=None,
+        description="Tensor-parallel ranks of each instance, per role where above 1 (unset: 1).",
+    )
+    summary: str = Field(
+        default="", description="Instances per role, e.g. `1E2P1D` (`1E 1Px2 1D`: P at 2 ranks)."
+    )
     reason: str = ""
     predicted_goodput_rps: str = Field(
         default="", description="Decimal string (no floats in the API)."
@@ -666,6 +704,9 @@ class PlanStatus(_Model):
         return cls(
             method=plan.method,
             pools=PoolCounts.from_dict(dict(plan.pools)),
+            tensor_parallel=(
+                PoolCounts.from_dict(dict(plan.tensor_parallel)) if plan.tensor_parallel else None
+            ),
             summary=plan.describe().split(" ", 1)[1],
             reason=plan.reason,
             predicted_goodput_rps=f"{p.goodput_rps:.2f}" if p else "",
@@ -686,6 +727,7 @@ class PlanStatus(_Model):
         return Plan(
             method=self.method,
             pools=self.pools.as_dict(),
+            tensor_parallel=self.tensor_parallel.as_dict() if self.tensor_parallel else {},
             reason=self.reason,
             predicted=predicted,
         )
@@ -790,4 +832,10 @@ def fixed_plan(spec: EPDDeploymentSpec) -> Plan:
     d = spec.disaggregation
     if d.mode != "Fixed" or d.method is None or d.pools is None:
         raise ValueError("disaggregation.mode is Auto: the plan comes from the profiler")
-    return Plan(method=d.method, pools=d.pools.as_dict(), reason="fixed by spec.disaggregation")
+    sizes = {r: n for r in d.method.roles if (n := spec.engine.roles.tensor_parallel_size(r)) > 1}
+    return Plan(
+        method=d.method,
+        pools=d.pools.as_dict(),
+        tensor_parallel=sizes,
+        reason="fixed by spec.disaggregation",
+    )

@@ -82,7 +82,7 @@ def members(owner: Owner, pool: PoolSpec) -> list[Member]:
     """The members of ``pool``'s pods in role order, each with its port and device."""
     out, next_gpu = [], 0
     for i, role in enumerate(pool.members):
-        gpus = owner.spec.engine.gpus_for(role)
+        gpus = owner.spec.engine.gpus_for(role, pool.ranks_of(role))
         device = f"cuda:{next_gpu}" if gpus > 0 else "cpu"
         next_gpu += gpus
         out.append(Member(role, ENGINE_PORT + i, device))

@@ -42,9 +42,10 @@ def group_pool(owner: Owner, plan: Plan, slices: int) -> PoolSpec:
         "group": [role_identity(owner.spec, plan, role) for role in members],
         "replicas": slices,
     }
-    gpus = sum(owner.spec.engine.gpus_for(role) for role in members)
+    ranks = tuple(plan.size_of(role) for role in members)
+    gpus = sum(owner.spec.engine.gpus_for(r, n) for r, n in zip(members, ranks, strict=True))
     name = f"{base_name(owner)}-group-{content_digest(key)}"
-    return PoolSpec(name, Role.EPD, slices, gpus, members=members)
+    return PoolSpec(name, Role.EPD, slices, gpus, members=members, ranks=ranks)
 
 
 def deployment_pools(owner: Owner, plan: Plan) -> list[PoolSpec]:

@@ -214,7 +214,7 @@ def serve_args(
     engine = spec.engine
     settings = engine.role_pod(role, spec.gpu_resource_name)
     if device is None:
-        device = "cuda" if settings.gpus_per_instance > 0 else "cpu"
+        device = "cuda" if settings.gpus_per_rank > 0 else "cpu"
     pod_settings = [
         # Peers and the router reach each replica at its own pod IP; Kubernetes expands
         # $(VAR) in args from the container's env (_pod_identity_env).
@@ -224,7 +224,7 @@ def serve_args(
     ]  # fmt: skip
     if spec.model.source.preset is not None:
         pod_settings += ["--preset", spec.model.source.preset]
-    pod_settings += role_engine_args(spec, role)
+    pod_settings += role_engine_args(plan.size_of(role))
     return ServeCommand(
         model=model or model_dir(owner),
         served_model_name=spec.model.name,
@@ -375,7 +375,7 @@ def engine_pod_template(
         [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         engine_probes(),
         resources(
-            role.gpus_per_instance,
+            pool.gpus_per_instance,
             role.gpu_resource_name,
             role.requests,
             role.limits,

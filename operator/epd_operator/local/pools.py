@@ -32,6 +32,7 @@ from epd_engine.local.ports import free_port
 from epd_engine.local.spawn import ChildProcess, spawn_epdctl
 from epd_operator.local import start_priority
 from epd_operator.rollout.pool_identity import PoolSpec
+from epd_operator.rollout.serve_settings import role_engine_args
 from epd_operator.rollout.state_machine import ObservedPool
 
 
@@ -45,7 +46,6 @@ class LocalEngines:
     run_dir: Path
     token: str
     engine_args: tuple[str, ...] = ()
-    role_args: Mapping[Role, tuple[str, ...]] = field(default_factory=dict)  # after engine_args
     device: str = "cpu"
     dtype: str = "float32"
     host: str = "127.0.0.1"
@@ -65,12 +65,14 @@ class LocalEngines:
         return self.router_urls or (self.router_url,)
 
 
-# what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO, caches)
+# what a search depends on: the role, the checkpoint, device and dtype, the flags (SLO,
+# caches, tensor-parallel ranks)
 BudgetKey = tuple[Role, Path, str, str, tuple[str, ...]]
 
 
-def budget_key(role: Role, e: LocalEngines) -> BudgetKey:
-    return (role, e.model_dir, e.device, e.dtype, (*e.engine_args, *e.role_args.get(role, ())))
+def budget_key(pool: PoolSpec, e: LocalEngines) -> BudgetKey:
+    flags = (*e.engine_args, *role_engine_args(pool.ranks_of(pool.role)))
+    return (pool.role, e.model_dir, e.device, e.dtype, flags)
 
 
 @dataclass
@@ -212,7 +214,7 @@ class LocalPools:
         searched with the same settings are passed instead of searching again."""
         e = self.engines
         emulate = ("--emulate", str(e.emulate)) if e.emulate is not None else ()
-        role_args = e.role_args.get(pool.role, ())
+        role_args = role_engine_args(pool.ranks_of(pool.role))
         return ServeCommand(
             # an emulated instance takes --model as a name only (a checkpoint is refused)
             model=e.model_name if e.emulate is not None else str(e.model_dir),
@@ -226,15 +228,16 @@ class LocalPools:
             dtype=e.dtype,
             device=e.device,
             settings=(*emulate, "--log-level", "warning", *e.engine_args, *role_args),
-            budgets=self._budget_flags(pool.role),
+            budgets=self._budget_flags(pool),
         ).argv()
 
-    def _budget_flags(self, role: Role) -> list[str]:
-        """The plan's budgets for ``role``, else those a replica of it searched, else none
-        (the instance searches)."""
+    def _budget_flags(self, pool: PoolSpec) -> list[str]:
+        """The plan's budgets for the pool's role, else those a replica of it with the same
+        settings searched, else none (the instance searches)."""
         e = self.engines
-        planned = plan_budget_flags(e.plan_budgets.get(role))
-        return planned or searched_budget_flags(self.searched_budgets.get(budget_key(role, e), {}))
+        planned = plan_budget_flags(e.plan_budgets.get(pool.role))
+        searched = self.searched_budgets.get(budget_key(pool, e), {})
+        return planned or searched_budget_flags(searched)
 
     def instances(self) -> list[dict[str, object]]:
         """Every current replica, as the state file lists them."""
@@ -260,7 +263,7 @@ class LocalPools:
         with log.open("ab") as out:
             popen = spawn_epdctl(args, out, env)
         replica = _Replica(
-            instance_id, popen, budget_key(pool.role, e), f"http://{e.host}:{port}", spawned
+            instance_id, popen, budget_key(pool, e), f"http://{e.host}:{port}", spawned
         )
         replica.lowered = start_priority.lower(popen.pid)
         return replica

@@ -47,7 +47,7 @@ from epd_operator.rollout.loop_metrics import LoopMetrics, LoopTarget
 from epd_operator.rollout.pool_identity import Owner, pool_specs
 from epd_operator.rollout.router_api import RouterAPI
 from epd_operator.rollout.router_fleet import RouterFleet
-from epd_operator.rollout.serve_settings import engine_settings, role_engine_args
+from epd_operator.rollout.serve_settings import engine_settings
 
 PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 
@@ -57,9 +57,11 @@ def engine_args(spec: EPDDeploymentSpec) -> tuple[str, ...]:
     return (*engine_settings(spec), *spec.engine.extra_args)
 
 
-def role_args(spec: EPDDeploymentSpec) -> dict[Role, tuple[str, ...]]:
-    """What one role's local engine processes get besides (their tensor-parallel ranks)."""
-    return {role: tuple(args) for role in Role if (args := role_engine_args(spec, role))}
+def uses_tensor_parallel(spec: EPDDeploymentSpec) -> bool:
+    """Whether a plan of ``spec`` may split an instance over ranks (Fixed: a role's
+    tensorParallelSize; Auto: a size the profiler may choose)."""
+    fixed = any(spec.engine.roles.tensor_parallel_size(role) > 1 for role in Role)
+    return fixed or any(size > 1 for size in spec.disaggregation.tensor_parallel_sizes)
 
 
 @dataclass
@@ -132,9 +134,7 @@ class LocalReconciler:
 
     def reconcile(self, spec: EPDDeploymentSpec, now: datetime) -> LocalStatus:
         # a changed spec starts new pools with its engine flags (their names change too)
-        self.pools.engines = replace(
-            self.engines, engine_args=engine_args(spec), role_args=role_args(spec)
-        )
+        self.pools.engines = replace(self.engines, engine_args=engine_args(spec))
 
         def read_workload() -> tuple[Sequence[TraceRecord] | None, WorkloadStats | None]:
             trace = self.router.trace_window(spec.profiler.trace_window_seconds, in_flight=True)

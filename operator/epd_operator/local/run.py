@@ -29,7 +29,12 @@ from epd_engine.emulate import emulated_name
 from epd_engine.local.state_file import remove_state, write_private, write_state
 from epd_operator.api.spec import EPDDeployment, EPDDeploymentSpec, ManifestError
 from epd_operator.local.pools import LocalEngines
-from epd_operator.local.reconciler import LocalReconciler, LocalStatus, engine_args, role_args
+from epd_operator.local.reconciler import (
+    LocalReconciler,
+    LocalStatus,
+    engine_args,
+    uses_tensor_parallel,
+)
 from epd_operator.local.routers import LocalRouters
 from epd_operator.planning.cost_file import checkpoint_mismatch, cost_source
 from epd_operator.rollout.loop_metrics import LoopMetrics
@@ -100,7 +105,7 @@ class LocalRun:
         self.router_url = self.routers.url
         engines = LocalEngines(
             opts.model_dir, opts.model_name, self.router_url, opts.run_dir, self.token,
-            engine_args(self.spec), role_args(self.spec), opts.device, opts.dtype,
+            engine_args(self.spec), opts.device, opts.dtype,
             gpu_slots=_gpu_slots(opts.device, self.spec),
             router_urls=tuple(self.routers.urls),
             deployment_id=self.deployment_id,
@@ -275,9 +280,10 @@ def _gpu_slots(device: str, spec: EPDDeploymentSpec) -> GpuSlots | None:
     new pools run side by side."""
     if device == "cpu":
         return None
-    if role_args(spec):
+    if uses_tensor_parallel(spec):
         raise ValueError(
-            "engine.roles.<role>.tensorParallelSize above 1 runs on a cluster or on --device "
-            "cpu: epdctl up gives each instance one GPU slot"
+            "tensor-parallel sizes above 1 (engine.roles.<role>.tensorParallelSize, "
+            "disaggregation.tensorParallelSizes) run on a cluster or on --device cpu: epdctl "
+            "up gives each instance one GPU slot"
         )
     return local_gpu_slots(2 * spec.gpu_budget, spec.engine.gpu_memory_fraction)

@@ -79,7 +79,7 @@ def is_elastic(spec: EPDDeploymentSpec) -> bool:
 def budget_changed(spec: EPDDeploymentSpec, current: PlanStatus) -> bool:
     """The plan's instances are outside what the capacity allows now (the range moved)."""
     low, high = instance_range(spec)
-    return not low <= current.to_plan().num_instances <= high
+    return not low <= current.to_plan().num_ranks <= high
 
 
 def heuristic_plan(spec: EPDDeploymentSpec, stats: WorkloadStats | None, why: str = "") -> Plan:
@@ -231,9 +231,9 @@ def choose_plan(
     best = proposal.plan
     if same_plan(best, now_plan):
         return PlanChoice(best, True, ConditionState("True", "PlanConfirmed", best.reason))
-    if best.num_instances > now_plan.num_instances:  # the load outgrew the plan: at once
+    if best.num_ranks > now_plan.num_ranks:  # the load outgrew the plan: at once
         return PlanChoice(best, True, ConditionState("True", "ScaledUp", best.reason))
-    if best.num_instances < now_plan.num_instances:
+    if best.num_ranks < now_plan.num_ranks:
         window_s = spec.capacity.scale_down_stabilization_seconds
         if seconds_since_change < window_s:
             wait_s = window_s - seconds_since_change
@@ -284,4 +284,9 @@ def _gain_note(
 
 
 def same_plan(a: Plan, b: Plan) -> bool:
-    return a.method == b.method and dict(a.pools) == dict(b.pools) and a.budgets == b.budgets
+    return (
+        a.method == b.method
+        and dict(a.pools) == dict(b.pools)
+        and a.budgets == b.budgets
+        and a.tensor_parallel == b.tensor_parallel
+    )

@@ -59,7 +59,7 @@ def decision_record(
         plan=plan.describe(),
         predicted_goodput_rps=_rps(predicted.goodput_rps if predicted is not None else None),
         instances=plan.num_instances,
-        gpus=plan.num_instances * spec.engine.gpus_per_instance,
+        gpus=plan.num_ranks * spec.engine.gpus_per_instance,
         message=note.message if note is not None else plan.reason,
         **_forecast_fields(forecast, horizon_source),
     )
@@ -76,7 +76,7 @@ def fast_decision_record(spec: EPDDeploymentSpec, now: datetime, step: FastStep)
         plan_before=step.before.describe(),
         plan=step.after.describe(),
         instances=step.after.num_instances,
-        gpus=step.after.num_instances * spec.engine.gpus_per_instance,
+        gpus=step.after.num_ranks * spec.engine.gpus_per_instance,
         message=step.after.reason,
     )
 

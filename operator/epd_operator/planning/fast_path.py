@@ -40,7 +40,7 @@ def role_running(plan: Plan, stage: Stage) -> Role:
 
 def can_grow(spec: EPDDeploymentSpec, plan: Plan) -> bool:
     """Auto mode, and one more instance stays within ``maxGPUs``."""
-    return spec.disaggregation.mode == "Auto" and plan.num_instances < instance_range(spec)[1]
+    return spec.disaggregation.mode == "Auto" and plan.num_ranks < instance_range(spec)[1]
 
 
 def fast_step(spec: EPDDeploymentSpec, plan: Plan, alarms: Sequence[SloAlarm]) -> FastStep | None:
@@ -50,11 +50,14 @@ def fast_step(spec: EPDDeploymentSpec, plan: Plan, alarms: Sequence[SloAlarm]) -
         return None
     alarm = alarms[0]
     role = role_running(plan, alarm.stage)
+    if plan.num_ranks + plan.size_of(role) > instance_range(spec)[1]:
+        return None  # one more instance of a split pool would not fit
     pools = {**plan.pools, role: plan.pools[role] + 1}
     after = Plan(
         method=plan.method,
         pools=pools,
         budgets=plan.budgets,
+        tensor_parallel=plan.tensor_parallel,
         reason=f"fast path: {alarm.reason}; {role} {plan.pools[role]} -> {pools[role]}",
     )
     return FastStep(alarm, role, plan, after)

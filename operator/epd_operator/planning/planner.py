@@ -174,10 +174,16 @@ def profiler_proposal(
     slo = spec.slo.to_slo()
     methods = methods_for(sample)
     evaluator = Evaluator(sample, cost, slo, grouped=grouped)
+    tp_sizes = tuple(spec.disaggregation.tensor_parallel_sizes)
+    try:
+        for size in tp_sizes:
+            evaluator.cost_at(size)
+    except ValueError as exc:  # no rank terms, or a size the model cannot be cut into
+        raise PlanningError(f"disaggregation.tensorParallelSizes: {exc}") from exc
 
     def search(num_instances: int) -> SearchResult:
         hint = previous_hint(current, num_instances, methods)
-        return exhaustive_search(evaluator, num_instances, methods, False, 1, hint)
+        return exhaustive_search(evaluator, num_instances, methods, False, 1, hint, tp_sizes)
 
     sizing = ""
     if sizes and target_rps is not None:
@@ -214,7 +220,7 @@ def profiler_proposal(
     )
     plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
     current_rps = None
-    if current is not None and current.num_instances == num_instances:
+    if current is not None and current.num_ranks == num_instances:
         current_rps = searched_goodput(result.evaluations, candidate_of(current))
         if current_rps is None:  # the search did not need its exact goodput
             current_rps = simulated_goodput(evaluator, current)
@@ -226,7 +232,8 @@ def profiler_proposal(
 
 
 def candidate_of(plan: Plan) -> Candidate:
-    return Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles))
+    sizes = tuple(plan.size_of(r) for r in plan.method.roles) if plan.tensor_parallel else ()
+    return Candidate(plan.method, tuple(plan.pools[r] for r in plan.method.roles), sizes)
 
 
 def previous_hint(
@@ -237,7 +244,7 @@ def previous_hint(
     same plan without it."""
     if current is None or current.predicted is None or current.predicted.goodput_rps <= 0:
         return None
-    if current.num_instances != num_instances or current.method not in methods:
+    if current.num_ranks != num_instances or current.method not in methods:
         return None
     return Hint(candidate_of(current), current.predicted.goodput_rps)
 

@@ -47,6 +47,12 @@ class PoolSpec:
     replicas: int
     gpus_per_instance: int
     members: tuple[Role, ...] = ()
+    # tensor-parallel ranks of each instance (the plan's size for the role); a group
+    # pool: of each member, in ``members`` order
+    ranks: tuple[int, ...] = (1,)
+
+    def ranks_of(self, role: Role) -> int:
+        return self.ranks[self.members.index(role)] if self.members else self.ranks[0]
 
     @property
     def gpus(self) -> int:
@@ -77,28 +83,32 @@ IDENTITY_ENGINE_FIELDS = {
 }
 
 
-def pool_identity(spec: EPDDeploymentSpec, role: Role) -> dict[str, Any]:
-    """What a pool of ``role`` hashes into its name besides its replica count and budgets."""
-    gpus = spec.engine.gpus_for(role)
+def pool_identity(spec: EPDDeploymentSpec, role: Role, ranks: int = 1) -> dict[str, Any]:
+    """What a pool of ``role`` at ``ranks`` per instance hashes into its name besides its
+    replica count and budgets."""
+    gpus = spec.engine.gpus_for(role, ranks)
     resource = spec.engine.role_pod(role, spec.gpu_resource_name).gpu_resource_name
     engine = spec.engine.model_dump(mode="json", include=IDENTITY_ENGINE_FIELDS)
     if spec.engine.processor_max_pixels is not None:
         # an image's token count: its E and P instances must agree. Only when set, so that
         # the pools of deployments without it keep their names.
         engine["processor_max_pixels"] = spec.engine.processor_max_pixels
-    return {
+    identity = {
         "model": spec.model.model_dump(mode="json"),
         "slo": spec.slo.model_dump(mode="json"),
         "engine": engine,
         "gpus_per_instance": gpus,
         "gpu_resource_name": resource if gpus > 0 else None,
     }
+    if ranks > 1:  # only then: the pools of one-rank plans keep their names
+        identity["tensor_parallel_size"] = ranks
+    return identity
 
 
 def role_identity(spec: EPDDeploymentSpec, plan: Plan, role: Role) -> dict[str, Any]:
     """What one instance of ``role`` hashes into its pool's name: its settings and the plan's
     budgets for it."""
-    key = {"role": role.value, "spec": pool_identity(spec, role)}
+    key = {"role": role.value, "spec": pool_identity(spec, role, plan.size_of(role))}
     budgets = plan.budgets.get(role)
     if budgets is not None:
         key["budgets"] = budgets.model_dump()
@@ -109,7 +119,8 @@ def pool_spec(owner: Owner, plan: Plan, role: Role, replicas: int) -> PoolSpec:
     """A pool of ``replicas`` instances of ``role`` under its deterministic name."""
     key = {"replicas": replicas, **role_identity(owner.spec, plan, role)}
     name = f"{base_name(owner)}-{role.value.lower()}-{content_digest(key)}"
-    return PoolSpec(name, role, replicas, owner.spec.engine.gpus_for(role))
+    ranks = plan.size_of(role)
+    return PoolSpec(name, role, replicas, owner.spec.engine.gpus_for(role, ranks), ranks=(ranks,))
 
 
 def pool_specs(owner: Owner, plan: Plan) -> list[PoolSpec]:

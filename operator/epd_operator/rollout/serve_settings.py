@@ -7,7 +7,6 @@ same cache geometry, transfer backend and SLO; the command line itself is built 
 
 from __future__ import annotations
 
-from epd_engine.config import Role
 from epd_engine.contracts.serve_args import slo_flags
 from epd_operator.api.spec import EPDDeploymentSpec
 
@@ -31,7 +30,6 @@ def engine_settings(spec: EPDDeploymentSpec) -> list[str]:
     return [*cache_settings(spec), *slo_flags(slo.ttft_s, slo.tpot_s)]
 
 
-def role_engine_args(spec: EPDDeploymentSpec, role: Role) -> list[str]:
-    """What differs per role: the tensor-parallel ranks of its instances (1 unless set)."""
-    ranks = spec.engine.roles.tensor_parallel_size(role)
+def role_engine_args(ranks: int) -> list[str]:
+    """What differs per pool: the tensor-parallel ranks of its instances (the plan's size)."""
     return ["--tensor-parallel-size", str(ranks)] if ranks > 1 else []

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd_engine.parallel.kv_staging import KvStaging, StagingFull, staging_pages
+from epd_engine.parallel.kv_staging import KvStaging, StagingFull
+from epd_engine.parallel.sizing import staging_pages
 from epd_engine.transfer.backend import TransferError
 from epd_engine.transfer.memory import SharedMemory
 

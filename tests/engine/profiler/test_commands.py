@@ -170,6 +170,10 @@ def test_profile_costs_measures_the_real_runner(tiny_model_dir: Path, tmp_path: 
     assert cost.transfer_backend == "shm"  # auto on one host, as `epdctl up` deploys
     assert cost.migration.bytes_per_s == cost.links["shm"].bytes_per_s
     assert cost.migration.kv_transfers == 1  # tiny-llava: 2 layers, one group of 8
+    # what the plan search projects tensor-parallel sizes from (issue 34)
+    assert cost.ranks is not None and cost.ranks.link == cost.links["collective"]
+    assert cost.ranks.sizes == (1, 2)  # tiny-llava: 2 KV heads
+    assert cost.ranks.shape.num_layers == 2 and cost.ranks.weight_bytes > 0
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ import pytest
 
 from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, LanguageCoeffs
 from epd_engine.profiler.links import LinkCoeffs
-from epd_engine.profiler.tensor_parallel import RankedShape, compare, kv_blocks, projected
+from epd_engine.profiler.rank_costs import RankedShape
+from epd_engine.profiler.tensor_parallel import compare, kv_blocks, projected
 
 ONE_RANK = FittedCostModel(
     language=LanguageCoeffs(fixed_s=0.004, per_token_s=2e-5, knee_tokens=64,
