@@ -150,8 +150,9 @@ bench-disagg: venv model ## Per method: migration p50/p90, its share of e2e, rou
 
 .PHONY: bench-disagg
 
-bench-prefix: venv model ## Prefix cache on vs off, multi-turn sessions, EPD and E+P+D: TTFT, prefill tokens, KV pages pulled (ratios, JSON)
+bench-prefix: venv model ## Prefix cache on vs off, multi-turn sessions and a Mooncake trace, EPD and E+P+D: TTFT, prefill tokens, KV pages pulled (ratios, JSON)
 	$(PY) -m benchmarks.bench_prefix --model $(MODEL_DIR) --out benchmarks/results/prefix-cpu.json
+	$(PY) -m benchmarks.bench_prefix --model $(MODEL_DIR) --workload mooncake --out benchmarks/results/prefix-mooncake-cpu.json
 
 .PHONY: bench-prefix
 

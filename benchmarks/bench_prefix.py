@@ -1,22 +1,33 @@
-"""Prefix caching on a multi-turn workload: the same sessions with the cache on and off.
+"""Prefix caching with the cache on and off, on a multi-turn workload or a Mooncake trace.
 
 Per method (EPD, E+P+D), two local systems of the tiny model run side by side, one with
 the prefix cache (the default) and one with ``--no-prefix-cache``; rounds alternate between
-them so both see the same host load, and each round replays fresh sessions (new texts and
-pictures: no round finds another's pages). A session is a conversation of ``--turns``
-turns; each turn resends the whole conversation (``workload/sessions.py``). Reported per
-system and as on/off ratios (medians over rounds): TTFT p50 and p90 of all turns and of
-turns 2+, the prefill tokens the instances computed (from ``epd_batch_tokens`` less
-``epd_batch_decode_requests``) and the KV pages migrations pulled
+them so both see the same host load, and each round replays fresh requests (new texts and
+pictures: no round finds another's pages). Two workloads (``--workload``):
+
+- ``sessions``: conversations of ``--turns`` turns; each turn resends the whole
+  conversation with its picture (``workload/sessions.py``). "Later" requests: turns 2+.
+- ``mooncake``: a Mooncake-format trace (``hash_ids`` blocks of 512 tokens, as Mooncake's
+  and AIPerf's ``mooncake_trace``), written to JSONL and read back with the project's reader:
+  ``--groups`` shared 1,024-token prefixes (a system prompt, a document), each opening
+  ``--per-group`` requests that end in a unique question; text only, as Mooncake's traces.
+  "Later" requests: those after a prefix's first.
+
+Reported per system and as on/off ratios (medians over rounds): TTFT p50 and p90 of all
+requests and of the later ones, the prefill tokens the instances computed (from
+``epd_batch_tokens`` less ``epd_batch_decode_requests``) and the KV pages migrations pulled
 (``epd_migration_kv_pages_total{source="pulled"}``).
 
     python -m benchmarks.bench_prefix --model models/tiny-llava \\
         --out benchmarks/results/prefix-cpu.json
+    python -m benchmarks.bench_prefix --model models/tiny-llava --workload mooncake \\
+        --out benchmarks/results/prefix-mooncake-cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -37,6 +48,7 @@ from epd_engine.contracts.plan import Budgets, Plan
 from epd_engine.contracts.trace import ImageRef, TraceRecord
 from epd_engine.local.ports import free_port
 from epd_engine.slo.outcomes import RequestResult
+from epd_engine.workload.trace_formats import read_mooncake
 
 ENGINE_ARGS = ["--num-image-blocks", "32", "--max-num-running", "32"]
 BUDGETS = Budgets(token_budget=256, image_budget=4)  # long prompts prefill in chunks
@@ -50,6 +62,9 @@ COUNTERS = (
 FIRST_TURN_TOKENS = 1200  # a long first message (a document, a system prompt)
 LATER_TURN_TOKENS = 100
 OUTPUT_TOKENS = 16
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids block
+SHARED_BLOCKS = 2  # a prefix of 1,024 tokens every request of its group starts with
+QUESTION_TOKENS = 120  # then a question of its own
 
 
 def sessions(round_index: int, num_sessions: int, num_turns: int) -> list[TraceRecord]:
@@ -72,6 +87,43 @@ def sessions(round_index: int, num_sessions: int, num_turns: int) -> list[TraceR
     return records
 
 
+def mooncake_requests(
+    round_index: int, num_groups: int, per_group: int, directory: Path
+) -> list[TraceRecord]:
+    """The round's Mooncake trace: written as Mooncake JSONL, read back as any such file is
+    (``trace_formats.read_mooncake``). Groups interleave, 0.25 s apart; each round's block
+    ids and request ids are its own."""
+    base = round_index * 1_000_000
+    rows = []
+    for i in range(num_groups * per_group):
+        group = i % num_groups
+        blocks = [base + group * SHARED_BLOCKS + k for k in range(SHARED_BLOCKS)]
+        rows.append({
+            "timestamp": 250 * i,
+            "input_length": SHARED_BLOCKS * MOONCAKE_BLOCK_TOKENS + QUESTION_TOKENS,
+            "output_length": OUTPUT_TOKENS,
+            "hash_ids": blocks,
+        })  # fmt: skip
+    path = directory / f"mooncake-round{round_index}.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return [
+        r.model_copy(update={"request_id": f"r{round_index}-{r.request_id}"})
+        for r in read_mooncake(path)
+    ]
+
+
+def later_requests(records: list[TraceRecord]) -> set[str]:
+    """Requests after the first of their session (turns 2+) or of their prefix blocks."""
+    seen: set[object] = set()
+    later = set()
+    for record in sorted(records, key=lambda r: r.arrival_s):
+        key = record.session_id or (record.hash_ids or (record.request_id,))[0]
+        if key in seen:
+            later.add(record.request_id)
+        seen.add(key)
+    return later
+
+
 def scrape(spec: LaunchSpec) -> dict[str, float]:
     """The counters, summed over every instance of the system."""
     pools = httpx.get(f"{spec.router_url}/internal/pools", headers=spec.headers()).json()
@@ -90,11 +142,9 @@ def scrape(spec: LaunchSpec) -> dict[str, float]:
     return totals
 
 
-def ttft(results: list[RequestResult], later_turns: bool) -> dict[str, float]:
+def ttft(results: list[RequestResult], only: set[str] | None = None) -> dict[str, float]:
     values = [
-        r.ttft_s
-        for r in results
-        if r.ttft_s is not None and (not later_turns or not r.request_id.endswith("-t0"))
+        r.ttft_s for r in results if r.ttft_s is not None and (only is None or r.request_id in only)
     ]
     return {
         "p50_s": float(np.percentile(values, 50)),
@@ -118,8 +168,8 @@ def run_round(
         raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     return {
-        "ttft_all": ttft(results, later_turns=False),
-        "ttft_turns_2plus": ttft(results, later_turns=True),
+        "ttft_all": ttft(results),
+        "ttft_later": ttft(results, later_requests(records)),
         "prefill_tokens": delta["epd_batch_tokens_sum"] - delta["epd_batch_decode_requests_sum"],
         "kv_pages_pulled": delta.get("epd_migration_kv_pages_total{pulled}", 0.0),
         "kv_pages_found": delta.get("epd_migration_kv_pages_total{cache}", 0.0),
@@ -157,20 +207,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--workload", choices=("sessions", "mooncake"), default="sessions")
+    parser.add_argument("--groups", type=int, default=4, help="mooncake: shared prefixes")
+    parser.add_argument("--per-group", type=int, default=6, help="mooncake: requests each")
     parser.add_argument(
-        "--num-kv-blocks", type=int, default=512, help="KV pages per instance (16 tokens each)"
-    )
+        "--num-kv-blocks", type=int, default=1024,
+        help="KV pages per instance (16 tokens each; the default holds every round's prefixes)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     prompts = TokenExactPrompts.from_model_dir(args.model)
-    report: dict[str, Any] = {
-        "workload": {"sessions": args.sessions, "turns": args.turns, "rounds": args.rounds,
-                     "first_turn_tokens": FIRST_TURN_TOKENS, "later_turn_tokens": LATER_TURN_TOKENS,
-                     "output_tokens": OUTPUT_TOKENS, "token_budget": BUDGETS.token_budget,
-                     "num_kv_blocks": args.num_kv_blocks, "kv_block_size": 16,
-                     "images": "one 64x48 picture in turn 1"},
-        "methods": {},
-    }  # fmt: skip
+    cache = {"num_kv_blocks": args.num_kv_blocks, "kv_block_size": 16,
+             "token_budget": BUDGETS.token_budget, "rounds": args.rounds}  # fmt: skip
+    if args.workload == "sessions":
+        workload = {
+            "kind": "sessions",
+            "sessions": args.sessions,
+            "turns": args.turns,
+            "first_turn_tokens": FIRST_TURN_TOKENS,
+            "later_turn_tokens": LATER_TURN_TOKENS,
+            "output_tokens": OUTPUT_TOKENS,
+            "images": "one 64x48 picture in turn 1",
+            "later": "turns 2+",
+            **cache,
+        }
+    else:
+        workload = {"kind": "mooncake", "groups": args.groups, "per_group": args.per_group,
+                    "shared_prefix_tokens": SHARED_BLOCKS * MOONCAKE_BLOCK_TOKENS,
+                    "question_tokens": QUESTION_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                    "block_tokens": MOONCAKE_BLOCK_TOKENS, "images": "none (text, as Mooncake's)",
+                    "later": "requests after their prefix's first", **cache}  # fmt: skip
+    report: dict[str, Any] = {"workload": workload, "methods": {}}
     raw: dict[str, Any] = {}
     for method in [Method(m) for m in args.methods.split(",")]:
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -183,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             rounds: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
             for index in range(args.rounds):
                 order = ("on", "off") if index % 2 == 0 else ("off", "on")
-                for side in order:  # both sides replay the same sessions
-                    records = sessions(index, args.sessions, args.turns)
+                for side in order:  # both sides replay the same requests
+                    if args.workload == "sessions":
+                        records = sessions(index, args.sessions, args.turns)
+                    else:
+                        records = mooncake_requests(index, args.groups, args.per_group, Path(tmp))
                     summary, results = run_round(systems[side], prompts, records)
                     rounds[side].append(summary)
                     raw[f"{method.value}/{side}/round{index}"] = [r.to_dict() for r in results]
@@ -200,8 +270,8 @@ def ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     keys = {
         "ttft_p50_all": lambda s: s["ttft_all"]["p50_s"],
         "ttft_p90_all": lambda s: s["ttft_all"]["p90_s"],
-        "ttft_p50_turns_2plus": lambda s: s["ttft_turns_2plus"]["p50_s"],
-        "ttft_p90_turns_2plus": lambda s: s["ttft_turns_2plus"]["p90_s"],
+        "ttft_p50_later": lambda s: s["ttft_later"]["p50_s"],
+        "ttft_p90_later": lambda s: s["ttft_later"]["p90_s"],
         "prefill_tokens": lambda s: s["prefill_tokens"],
         "kv_pages_pulled": lambda s: s["kv_pages_pulled"],
     }
