@@ -9,8 +9,9 @@ pictures: no round finds another's pages). Two workloads (``--workload``):
   conversation with its picture (``workload/sessions.py``). "Later" requests: turns 2+.
 - ``mooncake``: a Mooncake-format trace (``hash_ids`` blocks of 512 tokens, as Mooncake's
   and AIPerf's ``mooncake_trace``), written to JSONL and read back with the project's reader:
-  ``--groups`` shared 1,024-token prefixes (a system prompt, a document), each opening
-  ``--per-group`` requests that end in a unique question; text only, as Mooncake's traces.
+  ``--groups`` shared prefixes of ``--shared-blocks`` blocks (a system prompt, a
+  document), each opening ``--per-group`` requests ``--spacing-ms`` apart that end in a
+  unique question; text only, as Mooncake's traces.
   "Later" requests: those after a prefix's first.
 
 Reported per system and as on/off ratios (medians over rounds): TTFT p50 and p90 of all
@@ -63,8 +64,7 @@ FIRST_TURN_TOKENS = 1200  # a long first message (a document, a system prompt)
 LATER_TURN_TOKENS = 100
 OUTPUT_TOKENS = 16
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's hash_ids block
-SHARED_BLOCKS = 2  # a prefix of 1,024 tokens every request of its group starts with
-QUESTION_TOKENS = 120  # then a question of its own
+QUESTION_TOKENS = 120  # after its group's shared blocks, a question of its own
 
 
 def sessions(round_index: int, num_sessions: int, num_turns: int) -> list[TraceRecord]:
@@ -88,19 +88,20 @@ def sessions(round_index: int, num_sessions: int, num_turns: int) -> list[TraceR
 
 
 def mooncake_requests(
-    round_index: int, num_groups: int, per_group: int, directory: Path
+    round_index: int, args: argparse.Namespace, directory: Path
 ) -> list[TraceRecord]:
     """The round's Mooncake trace: written as Mooncake JSONL, read back as any such file is
-    (``trace_formats.read_mooncake``). Groups interleave, 0.25 s apart; each round's block
-    ids and request ids are its own."""
+    (``trace_formats.read_mooncake``). Groups interleave, ``--spacing-ms`` apart; each
+    round's block ids and request ids are its own."""
     base = round_index * 1_000_000
+    shared = args.shared_blocks
     rows = []
-    for i in range(num_groups * per_group):
-        group = i % num_groups
-        blocks = [base + group * SHARED_BLOCKS + k for k in range(SHARED_BLOCKS)]
+    for i in range(args.groups * args.per_group):
+        group = i % args.groups
+        blocks = [base + group * shared + k for k in range(shared)]
         rows.append({
-            "timestamp": 250 * i,
-            "input_length": SHARED_BLOCKS * MOONCAKE_BLOCK_TOKENS + QUESTION_TOKENS,
+            "timestamp": args.spacing_ms * i,
+            "input_length": shared * MOONCAKE_BLOCK_TOKENS + QUESTION_TOKENS,
             "output_length": OUTPUT_TOKENS,
             "hash_ids": blocks,
         })  # fmt: skip
@@ -211,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=4, help="mooncake: shared prefixes")
     parser.add_argument("--per-group", type=int, default=6, help="mooncake: requests each")
     parser.add_argument(
+        "--shared-blocks", type=int, default=3, help="mooncake: 512-token blocks each shares"
+    )
+    parser.add_argument(
+        "--spacing-ms", type=int, default=100, help="mooncake: between arrivals"
+    )  # fmt: skip
+    parser.add_argument(
         "--num-kv-blocks", type=int, default=1024,
         help="KV pages per instance (16 tokens each; the default holds every round's prefixes)",
     )  # fmt: skip
@@ -233,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         workload = {"kind": "mooncake", "groups": args.groups, "per_group": args.per_group,
-                    "shared_prefix_tokens": SHARED_BLOCKS * MOONCAKE_BLOCK_TOKENS,
+                    "shared_prefix_tokens": args.shared_blocks * MOONCAKE_BLOCK_TOKENS,
+                    "spacing_ms": args.spacing_ms,
                     "question_tokens": QUESTION_TOKENS, "output_tokens": OUTPUT_TOKENS,
                     "block_tokens": MOONCAKE_BLOCK_TOKENS, "images": "none (text, as Mooncake's)",
                     "later": "requests after their prefix's first", **cache}  # fmt: skip
@@ -254,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.workload == "sessions":
                         records = sessions(index, args.sessions, args.turns)
                     else:
-                        records = mooncake_requests(index, args.groups, args.per_group, Path(tmp))
+                        records = mooncake_requests(index, args, Path(tmp))
                     summary, results = run_round(systems[side], prompts, records)
                     rounds[side].append(summary)
                     raw[f"{method.value}/{side}/round{index}"] = [r.to_dict() for r in results]
