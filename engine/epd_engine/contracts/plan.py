@@ -5,6 +5,8 @@ Plans are data shared by the local launcher, the operator and the profiler. No t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epd_engine.config import TENSOR_PARALLEL_SIZES, Method, Role
@@ -94,10 +96,15 @@ class Plan(BaseModel):
         return sum(self.pools.values())
 
     def describe(self) -> str:
-        """Compact human form, e.g. ``E+P+D 1E3P4D``; with tensor-parallel pools each pool
-        apart and its size after an x: ``E+P+D 1E 1Px2 2D`` (P's instances at two ranks)."""
-        pools = [
-            f"{self.pools[r]}{r.value}" + (f"x{self.size_of(r)}" if self.size_of(r) > 1 else "")
-            for r in self.method.roles
-        ]
-        return f"{self.method.value} {(' ' if self.tensor_parallel else '').join(pools)}"
+        """Compact human form (``describe_pools``)."""
+        return describe_pools(self.method, self.pools, self.tensor_parallel)
+
+
+def describe_pools(method: Method, pools: Mapping[Role, int], sizes: Mapping[Role, int]) -> str:
+    """E.g. ``E+P+D 1E3P4D``; with tensor-parallel pools (``sizes``, where above 1) each pool
+    apart and its size after an x: ``E+P+D 1E 1Px2 2D`` (P's instances at two ranks)."""
+    parts = [
+        f"{pools[r]}{r.value}" + (f"x{sizes[r]}" if sizes.get(r, 1) > 1 else "")
+        for r in method.roles
+    ]
+    return f"{method.value} {(' ' if sizes else '').join(parts)}"

@@ -49,7 +49,7 @@ from epd_engine.scheduler.output import PullTask, TokenTask
 from epd_engine.timing import best_of
 from epd_engine.transfer.memory import CacheMemory, PrivateMemory, dtype_of
 from epd_engine.worker.fault_injection import FaultInjector, FaultSpec
-from epd_engine.worker.kv_sizing import CPU_KV_BLOCKS, cuda_memory
+from epd_engine.worker.kv_sizing import CPU_KV_BLOCKS, cuda_memory, kv_block_bytes
 from epd_engine.worker.memory_plan import plan_gpu_memory
 from epd_engine.worker.model_runner import CacheShape, ModelRunner
 
@@ -260,10 +260,9 @@ class LLMEngine:
         (``parallel/kv_staging.py``); 0 with one rank."""
         if self.ranks is None:
             return 0
-        m = self.model_config
-        pages = staging_pages(self.max_model_len, self.config.kv_block_size)
-        per_page = m.num_layers * 2 * self.config.kv_block_size * m.num_kv_heads * m.head_dim
-        return pages * per_page * torch.empty((), dtype=dtype).element_size()
+        m, block_size = self.model_config, self.config.kv_block_size
+        page = kv_block_bytes(m.num_layers, block_size, m.num_kv_heads, m.head_dim, dtype)
+        return staging_pages(self.max_model_len, block_size) * page
 
     def _ranks_lost(self, reason: str) -> None:
         """Any thread: the tensor-parallel ranks cannot run a step together any more; only a

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from epd_engine.config import Method, Role
-from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.plan import describe_pools
 
 ALL_METHODS: tuple[Method, ...] = tuple(Method)
 
@@ -54,8 +54,7 @@ class Candidate:
 
     def describe(self) -> str:
         """As its plan says it (``Plan.describe``)."""
-        return Plan(method=self.method, pools=self.pools, tensor_parallel=self.tensor_parallel
-                    ).describe()  # fmt: skip
+        return describe_pools(self.method, self.pools, self.tensor_parallel)
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:

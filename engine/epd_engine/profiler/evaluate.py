@@ -80,7 +80,6 @@ class Evaluator:
         self.grid = RateGrid(step=rel_tolerance)
         self._sized: dict[int, FittedCostModel] = {1: cost}
         self._budgets: dict[tuple[Role, int], Budgets | None] = {}
-        self.budgets: dict[Role, Budgets | None] = {role: self.budgets_at(role) for role in Role}
         self._work: dict[tuple[Method, tuple[int, ...]], StageWork | None] = {}
         # methods and sizes that agree on what stage_work reads share its result
         self._work_by: dict[tuple[int, int, int], StageWork] = {}

@@ -76,7 +76,9 @@ def sized(cost: FittedCostModel, size: int) -> FittedCostModel:
     cap = cost.capacity
     per_token = cost.migration.kv_bytes_per_token + cost.migration.kv_windowed_bytes_per_token
     page_bytes = max(1, per_token * cap.kv_block_size)  # every layer's, whole heads
-    pages = size * cap.num_kv_blocks + ranks.weight_bytes * (size - 1) // page_bytes
+    # one rank's memory for weights and KV, as the one-rank profile left it (reserve apart)
+    memory = cap.num_kv_blocks * page_bytes + ranks.weight_bytes
+    pages = kv_blocks(memory, ranks.weight_bytes, page_bytes, 0, size)
     pages -= size * staging_pages(cap.max_model_len, cap.kv_block_size)
     capacity = replace(cap, num_kv_blocks=max(0, pages))
     return replace(projected(cost, size, ranks.shape, ranks.link), capacity=capacity)

@@ -6,10 +6,9 @@ same rule (``epd_engine/parallel/sizing.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from epd_engine.config import Role
 from epd_engine.model.gemma3_preset import GEMMA3_PRESETS
 from epd_engine.model.presets import PRESETS
 from epd_engine.model.qwen2_vl_preset import QWEN2_VL_PRESETS
@@ -35,25 +34,13 @@ def _cut_values(preset: str) -> dict[str, int]:
             for ours in CUT_FIELDS}  # fmt: skip
 
 
-def check_preset_sizes(preset: str | None, sizes: Sequence[int]) -> None:
-    """Refuse a size in disaggregation.tensorParallelSizes the preset cannot be cut into."""
+def check_preset_sizes(preset: str | None, sizes: Iterable[tuple[str, int]]) -> None:
+    """Refuse any size the preset's heads or MLP width do not divide by (``sizes``: each
+    with the field that sets it), naming the field and the sizes that would."""
     if preset is None:
         return
     values = _cut_values(preset)
-    for size in sizes:
+    for field, size in sizes:
         reason = undivided(values, size, f"preset {preset}'s")
         if reason is not None:
-            raise ValueError(f"disaggregation.tensorParallelSizes: {reason}")
-
-
-def check_preset_ranks(preset: str | None, roles: Any) -> None:
-    """Refuse a role's tensorParallelSize the preset's heads or MLP width do not divide by,
-    naming the field and the sizes that would."""
-    if preset is None:
-        return
-    values = _cut_values(preset)
-    for role in Role:
-        size = roles.tensor_parallel_size(role)
-        reason = undivided(values, size, f"preset {preset}'s")
-        if reason is not None:
-            raise ValueError(f"engine.roles.{role.value}.tensorParallelSize: {reason}")
+            raise ValueError(f"{field}: {reason}")

@@ -42,7 +42,7 @@ from epd_operator.api.pod_settings import (
     TensorParallelSize,
     role_pod,
 )
-from epd_operator.api.preset_ranks import check_preset_ranks, check_preset_sizes
+from epd_operator.api.preset_ranks import check_preset_sizes
 
 __all__ = [  # pod vocabulary re-exported: callers import the spec's types from here
     "MAX_LIST_ITEMS",
@@ -657,8 +657,11 @@ class EPDDeploymentSpec(_Model):
                     "mode Auto gives every instance engine.gpusPerInstance GPUs: a role's "
                     f"gpusPerInstance may be lower, not higher ({', '.join(over)})"
                 )
-        check_preset_ranks(self.model.source.preset, engine.roles)
-        check_preset_sizes(self.model.source.preset, self.disaggregation.tensor_parallel_sizes)
+        fixed = [(f"engine.roles.{r.value}.tensorParallelSize", ranks)
+                 for r in Role if (ranks := engine.roles.tensor_parallel_size(r)) > 1]  # fmt: skip
+        auto = [("disaggregation.tensorParallelSizes", n)
+                for n in self.disaggregation.tensor_parallel_sizes]  # fmt: skip
+        check_preset_sizes(self.model.source.preset, [*fixed, *auto])
         method = self.disaggregation.method
         check_groups(self.placement, method, engine.transfer_backend, engine.roles)
         return self
