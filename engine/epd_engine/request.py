@@ -84,7 +84,10 @@ class PullSpec:
     early: bool = False
 
 
-@dataclass
+# eq=False: a request is itself, not its fields. The scheduler finds it in its queues
+# (``running.remove``) by identity; field-wise equality compared every request ahead of it
+# field by field (4 % of a fleet-sized plan search).
+@dataclass(eq=False)
 class Request:
     request_id: str
     prompt_token_ids: list[int]

@@ -42,25 +42,31 @@ class BlockPool:
 
     def allocate(self, num: int) -> list[int] | None:
         """``num`` pages with one reference each, or None (and no change) if they don't fit."""
-        if num > self.num_free:
+        free = self._free
+        if num > len(free) + self._num_evictable:
             return None
-        while len(self._free) < num:
+        while len(free) < num:
             self._evict_oldest()
-        blocks = [self._free.popleft() for _ in range(num)]
+        blocks = [free.popleft() for _ in range(num)]
+        ref_counts = self._ref_counts
         for block in blocks:
-            self._ref_counts[block] = 1
+            ref_counts[block] = 1
         return blocks
 
     def free(self, blocks: list[int] | tuple[int, ...]) -> None:
         """Drop one reference from each page; unreferenced pages become free or evictable."""
+        ref_counts, key_of, free = self._ref_counts, self._key_of, self._free
         for block in blocks:
-            if self._ref_counts[block] <= 0:
+            count = ref_counts[block]
+            if count <= 0:
                 raise RuntimeError(f"double free of block {block}")
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] == 0 and block not in self._key_of:
-                self._free.append(block)
+            ref_counts[block] = count - 1
+            if count == 1 and block not in key_of:
+                free.append(block)
+        if not key_of:
+            return  # nothing is cached (no prefix cache, or nothing registered yet)
         # in the order freed: the first to become evictable is the first evicted
-        for key in dict.fromkeys(self._key_of[b] for b in blocks if b in self._key_of):
+        for key in dict.fromkeys(key_of[b] for b in blocks if b in key_of):
             group = self._by_key[key]
             if all(self._ref_counts[b] == 0 for b in group) and key not in self._evictable:
                 self._evictable[key] = group

@@ -54,6 +54,17 @@ class KVCacheManager:
         self._tables.setdefault(request_id, []).extend(blocks)
         return True
 
+    def add_pages(self, request_ids: list[str]) -> bool:
+        """One more page at the end of each request's table; False (no change) if they do
+        not all fit."""
+        blocks = self.pool.allocate(len(request_ids))
+        if blocks is None:
+            return False
+        tables = self._tables
+        for request_id, block in zip(request_ids, blocks, strict=True):
+            tables[request_id].append(block)
+        return True
+
     def adopt(self, request_id: str, blocks: list[int]) -> None:
         """Take ownership of pages allocated elsewhere (a migration target's pull)."""
         self._tables.setdefault(request_id, []).extend(blocks)

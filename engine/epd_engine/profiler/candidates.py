@@ -68,6 +68,9 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 def sized_compositions(total: int, sizes: Sequence[int]) -> Iterator[tuple[int, ...]]:
     """Every tuple of positive counts whose sum of count x size is ``total``, in order."""
+    if sizes and all(size == 1 for size in sizes):  # the common case, no recursion
+        yield from compositions(total, len(sizes))
+        return
     if not sizes:
         if total == 0:
             yield ()

@@ -51,6 +51,8 @@ class SimInstance:
     handed_off: set[str] = field(default_factory=set)  # migrating requests already dispatched
     busy_s: float = 0.0
     step_end: float = 0.0  # when the iteration in flight ends
+    last_step_end: float = 0.0  # when the iteration before it ended
+    steady_stamps: list[float] = field(default_factory=list)  # end of each steady tick
     # Shared host: when the front (preprocessing) running in this process ends; iterations
     # started before then share the process with it and push it back (``simulator``).
     front_until: float = 0.0
@@ -74,6 +76,16 @@ class SimInstance:
         if self._load is None:
             self._load = self._measure_load()
         return self._load
+
+    def order(self) -> tuple[int, int, str]:
+        """``load_order(self.load())``, without building the load: the routing index asks
+        after every change (``sim_routing.IndexedPool``), far more often than it picks."""
+        sched = self.scheduler
+        free = sched.kv.pool.num_free if sched.kv else 0
+        if sched.images:
+            free += sched.images.pool.num_free
+        depth = len(sched.waiting) + self.num_incoming + len(sched.running)
+        return (depth, -free, self.instance_id)
 
     def _measure_load(self) -> InstanceLoad:
         sched = self.scheduler

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from epd_engine.contracts.affinity import Affinity, PrefixAffinity, preferred
 from epd_engine.contracts.node_locality import local_choice
-from epd_engine.contracts.routing_policy import InstanceLoad, LeastLoaded, RoutingPolicy, load_order
+from epd_engine.contracts.routing_policy import InstanceLoad, LeastLoaded, RoutingPolicy
 from epd_engine.profiler.sim_instance import SimInstance
 
 
@@ -59,7 +59,7 @@ class IndexedPool(ScannedPool):
 
     def __init__(self, members: Sequence[SimInstance], policy: RoutingPolicy) -> None:
         super().__init__(members, policy)
-        self._order = [load_order(m.load()) for m in self.members]
+        self._order = [m.order() for m in self.members]
         self._heap = [(order, position) for position, order in enumerate(self._order)]
         heapq.heapify(self._heap)
         self._changed: set[int] = set()  # positions whose load may differ from ``_order``
@@ -74,7 +74,7 @@ class IndexedPool(ScannedPool):
         """``LeastLoaded().choose`` over the members' current loads."""
         order, heap = self._order, self._heap
         for position in self._changed:
-            now = load_order(self.members[position].load())
+            now = self.members[position].order()
             if now != order[position]:
                 order[position] = now
                 heapq.heappush(heap, (now, position))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from epd_engine.config import Stage
 from epd_engine.profiler.cost_model import BatchShape
+from epd_engine.profiler.steady_decodes import Run, SteadyDecodes
 from epd_engine.request import Request, RequestStatus
 from epd_engine.scheduler import Scheduler
 from epd_engine.scheduler.output import SchedulerOutput, TokenTask
@@ -42,11 +43,16 @@ class SimOutput(SchedulerOutput):
 
     decoding: list[Request] = field(default_factory=list)
     decode_context: int = 0  # sum over decodes of the tokens each reads (its position + 1)
+    num_steady: int = 0  # decodes of the steady cohort (``steady_decodes.py``), not listed
+    steady_context: int = 0  # their share of the context
+    # with a cohort: the running requests outside it, in order (the rest of the iteration
+    # walks only these); None: every running request
+    others: list[Request] | None = None
     engine: SchedulerOutput | None = None  # EngineScheduler only: the engine's own output
 
     @property
     def is_empty(self) -> bool:
-        return not (self.encodes or self.prefills or self.decoding or self.pulls)
+        return not (self.encodes or self.prefills or self.decoding or self.num_steady or self.pulls)
 
     def shape(self) -> BatchShape:
         """``BatchShape.of`` the engine's output for this iteration."""
@@ -58,23 +64,26 @@ class SimOutput(SchedulerOutput):
             tokens += n
             pairs += n * (task.start_position + (n + 1) / 2)  # causal: each query sees its prefix
             sampled += task.sample
-        num_decodes = len(self.decoding)
+        num_decodes = len(self.decoding) + self.num_steady
         return BatchShape(
             num_images=len(self.encodes),
             image_tokens=sum(t.num_tokens for t in self.encodes),
             num_tokens=tokens + num_decodes,
             prefill_kpairs=pairs / 1000.0,
-            decode_kcontext=self.decode_context / 1000.0,
+            decode_kcontext=(self.decode_context + self.steady_context) / 1000.0,
             num_sampled=sampled + num_decodes,
         )
 
 
 @dataclass
 class Applied:
-    """What one executed iteration produced: ids that got a token, ids that finished."""
+    """What one executed iteration produced: ids that got a token, ids that finished; the
+    steady cohort's part: whether it ran (a tick to stamp) and the tokens written back."""
 
     tokens: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    steady: bool = False
+    runs: list[Run] = field(default_factory=list)
 
 
 class SimScheduler(Scheduler):
@@ -94,6 +103,21 @@ class SimScheduler(Scheduler):
         # any other request's tokens are 0
         self.answers: dict[str, list[int]] = {}
         self._zeros: list[int] = []  # token ids never matter: slices of one shared list
+        self.steady: SteadyDecodes | None = None  # ``enable_steady``
+        self._runs: list[Run] = []  # written back since the last ``apply``
+
+    def enable_steady(self) -> None:
+        """Carry plain decodes as one cohort (``steady_decodes.py``; the simulator decides
+        when that is exact)."""
+        if self.kv is not None and _DECODE in self._stages:
+            self.steady = SteadyDecodes(self.kv, self.limits.max_model_len)
+
+    def flush_steady(self) -> list[Run]:
+        """Write every steady member back (the end of a run)."""
+        if self.steady is not None:
+            self.steady.dissolve(self._runs)
+        runs, self._runs = self._runs, []
+        return runs
 
     # ---- one iteration ----------------------------------------------------------------
     def schedule(self) -> SimOutput:
@@ -102,10 +126,11 @@ class SimScheduler(Scheduler):
         out = SimOutput()
         token_budget = self.limits.token_budget
         image_budget = self.limits.image_token_budget
+        active = self._schedule_steady(out)
         if _DECODE in self._stages:
-            token_budget -= self._schedule_decodes(out)
+            token_budget -= self._schedule_decodes(out, active) + out.num_steady
 
-        for request in self.running:  # 2. (a decode is neither: those calls were no-ops)
+        for request in active:  # 2. (a decode is neither: those calls were no-ops)
             if request.status is not _RUNNING or request.pulling:
                 continue
             stage = next_stage(request)
@@ -122,20 +147,49 @@ class SimScheduler(Scheduler):
                 break  # head-of-line: keeps FIFO order fair under memory pressure
             self.waiting.popleft()
             self.running.append(request)
+            if active is not self.running:
+                active.append(request)
             if request.pulling:
                 continue
             image_budget = self._schedule_encodes(request, image_budget, out)
             token_budget = self._schedule_prefill(request, token_budget, out)
+        if active is not self.running:
+            out.others = active
         return out
 
-    def _schedule_decodes(self, out: SimOutput) -> int:
-        """Step 1 of ``schedule``; returns the number of decodes (one token each)."""
+    def _schedule_steady(self, out: SimOutput) -> list[Request]:
+        """The steady cohort's decodes and pages for this iteration; returns the running
+        requests outside it. When its pages and every other request's next page might not
+        all fit, the cohort dissolves first: who gets a page, who is preempted, is then the
+        engine's order, request by request."""
+        steady = self.steady
+        if steady is None or not steady.members:
+            return self.running
+        kv = self.kv
+        assert kv is not None
+        due = steady.pages_due()
+        others = len(self.running) - len(steady)  # each takes at most one page to decode
+        if kv.pool.num_free < len(due) + others:
+            steady.dissolve(self._runs)
+            return self.running
+        if due:
+            steady.grow(due)
+        out.num_steady = len(steady)
+        out.steady_context = steady.context_at()
+        members = steady.members
+        if len(members) == len(self.running):
+            return []  # only the cohort runs (members are running requests)
+        return [r for r in self.running if r.request_id not in members]
+
+    def _schedule_decodes(self, out: SimOutput, active: list[Request]) -> int:
+        """Step 1 of ``schedule`` for the requests outside the steady cohort; returns the
+        number of decodes (one token each)."""
         kv = self.kv
         assert kv is not None
         block_size = kv.block_size
         decoding = out.decoding
         context = 0
-        for request in list(self.running):  # a copy: growing pages may preempt
+        for request in list(active):  # a copy: growing pages may preempt
             if request.status is not _RUNNING or request.pulling:
                 continue
             computed = request.num_computed_tokens
@@ -160,6 +214,15 @@ class SimScheduler(Scheduler):
         counters, append tokens, finish, park what must migrate."""
         applied = Applied()
         self._apply_encodes(out)
+        steady = self.steady
+        if out.num_steady:
+            assert steady is not None
+            for member in steady.finishing():  # its last token: the per-request path's
+                request = steady.leave(member, self._runs)
+                request.num_computed_tokens += 1
+                self._sample(request, applied)
+            steady.tick += 1
+            applied.steady = True
         requests = self.requests
         max_model_len = self.limits.max_model_len
         tokens = applied.tokens
@@ -194,12 +257,19 @@ class SimScheduler(Scheduler):
             request.num_computed_tokens += len(task.token_ids)
             if task.sample:
                 self._sample(request, applied)
-        self._after_step_all(still_decoding)
+        self._after_step_all(still_decoding, out.others)
+        if steady is not None:
+            for request in out.decoding:  # decoded here, decodes on: the cohort's now
+                if request.request_id in still_decoding:
+                    steady.join(request)
+        applied.runs, self._runs = self._runs, []
         return applied
 
-    def _after_step_all(self, still_decoding: set[str]) -> None:
+    def _after_step_all(self, still_decoding: set[str], others: list[Request] | None) -> None:
         """``Scheduler._after_step`` for every running request, in order. A request that just
-        decoded here and goes on is at decode, which this role runs: only the release."""
+        decoded here and goes on is at decode, which this role runs: only the release. A
+        steady member is one too, its images released when it joined: only ``others``
+        (those still running) are walked."""
         stages = self._stages
         images = self.images
         kv = self.kv
@@ -208,7 +278,9 @@ class SimScheduler(Scheduler):
             for request in self.running:
                 if request.num_computed_tokens // block_size > request.num_registered_pages:
                     register_written(kv, request)
-        for request in list(self.running):
+        for request in list(self.running) if others is None else others:
+            if request.status is not _RUNNING:
+                continue  # finished in this iteration (only ``others`` can hold it)
             if request.request_id in still_decoding:
                 if images is not None:
                     images.release(request.request_id)
@@ -254,6 +326,11 @@ class SimScheduler(Scheduler):
             applied.finished.append(request.request_id)
 
     # ---- the engine's helpers, with the role's stages computed once ------------------
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        # ``_schedule_steady`` dissolves the cohort whenever a page might run short
+        assert self.steady is None or request.request_id not in self.steady.members
+        super()._preempt(request, out)
+
     def _local(self, request: Request, stage: Stage) -> bool:
         return stage in self._stages and next_stage(request) is stage
 

@@ -40,6 +40,7 @@ from epd_engine.profiler.sim_prefix import affinity_key, models_prefix_cache
 from epd_engine.profiler.sim_routing import ScannedPool, routing_pool
 from epd_engine.profiler.sim_scheduler import SimOutput, SimScheduler
 from epd_engine.profiler.sim_sessions import whole_prompts
+from epd_engine.profiler.steady_decodes import Run
 from epd_engine.profiler.tensor_parallel import sized
 from epd_engine.profiler.tracker import RequestTracker
 from epd_engine.request import CacheKind, PullSpec, RequestStatus
@@ -91,6 +92,7 @@ class Simulator:
         instances_per_node: int | None = None,
         indexed_routing: bool = True,
         grouped: bool = False,
+        steady_decodes: bool = True,
     ) -> None:
         """``host_cores``: all instances share this many CPU cores (local runs, ``epdctl up``
         on one machine); an iteration stretches by busy instances / cores when oversubscribed,
@@ -104,7 +106,10 @@ class Simulator:
         ``sim_routing.IndexedPool`` is tested against). ``grouped``: placement groups, one pod
         per slice (``placement.instance_groups``, in place of nodes): a source prefers its
         group's target, as ``contracts/group_locality.py``, and a hand-off across groups is
-        charged ``cost.remote_migration``."""
+        charged ``cost.remote_migration``. ``steady_decodes``: plain decodes advance as one
+        cohort per instance where that is exact (``steady_decodes.py``); False walks every
+        request every iteration (the reference it is tested against)."""
+        self.steady_decodes = steady_decodes
         self.instances_per_node = instances_per_node
         self.grouped = grouped
         self.indexed_routing = indexed_routing
@@ -148,6 +153,8 @@ class _Run:
         )
         silent = sim.cost.overheads.silent_tokens
         self.track = RequestTracker(records, sim.slo if stop else None, silent, seed)
+        # a steady cohort is exact when a gap is one iteration and tokens are plain
+        steady = sim.steady_decodes and not silent and not self.prefix_cache
         self.instances: list[SimInstance] = []
         if not sim.infeasible:
             for role in sim.plan.method.roles:
@@ -160,6 +167,8 @@ class _Run:
                         self.prefix_cache,
                     )
                     scheduler.answers = self.factory.answers  # what each request generates
+                    if steady:
+                        scheduler.enable_steady()
                     self.instances.append(SimInstance(len(self.instances), role, scheduler))
         pools = [(role, sim.plan.pools[role]) for role in sim.plan.method.roles]
         nodes = instance_nodes(pools, sim.instances_per_node) if self.instances else []
@@ -232,6 +241,8 @@ class _Run:
             if self.track.failed:
                 stopped = True
                 break
+        for inst in self.instances:  # the steady tokens not yet written back
+            self.write_back(inst, inst.scheduler.flush_steady())
         busy: dict[str, float] = {}
         for inst in self.instances:
             busy[inst.role.value] = busy.get(inst.role.value, 0.0) + inst.busy_s
@@ -310,15 +321,17 @@ class _Run:
             return
         inst.changed()
         out = inst.scheduler.schedule()
-        self.note_errors(out.preempted_ids, now)
+        if out.preempted_ids:
+            self.note_errors(out.preempted_ids, now)
         if out.is_empty:  # admission alone (e.g. a landed decode) is an empty iteration
             out = inst.scheduler.schedule()
-            self.note_errors(out.preempted_ids, now)
+            if out.preempted_ids:
+                self.note_errors(out.preempted_ids, now)
         if out.is_empty:
             # Nothing to run, but the engine still applies the empty iteration: a request
             # admitted with nothing to do here (every image in the encoder cache) moves on
             # to the next stage's instance (it once stayed on E for good).
-            inst.scheduler.apply(out)
+            self.write_back(inst, inst.scheduler.apply(out).runs)
             self.hand_off_migrating(inst, now)
             return  # blocked on pages: a step or a released migration will kick it again
         step_s = self.sim.role_cost[inst.role].runner_step_s(out.shape()) + self.jitter.step_s()
@@ -344,7 +357,8 @@ class _Run:
             self.track.stage_started(int(encode.request_id), _ENCODE, now)
         for task in out.prefills:
             self.track.stage_started(int(task.request_id), _PREFILL, now)
-        self.track.decodes_started(out.decoding, now)
+        if out.decoding:
+            self.track.decodes_started(out.decoding, now)
         self.num_steps += 1
         self.push(now + step_s, _STEP, inst.index)
 
@@ -355,16 +369,43 @@ class _Run:
         self.num_busy -= 1
         inst.changed()
         applied = inst.scheduler.apply(out)
-        self.track.tokens(applied.tokens, now)
+        if applied.runs:
+            self.write_back(inst, applied.runs)
+        if applied.steady:
+            self.steady_tick(inst, now)
+        inst.last_step_end = now
+        if applied.tokens:
+            self.track.tokens(applied.tokens, now)
         for request_id in applied.finished:
             index = int(request_id)
             self.track.stage_done(index, _DECODE, now)  # no-op if it ended at prefill
             self.track.finish(index, now)
-        self.note_stages(inst, out, now)
+        if out.encodes or out.prefills:
+            self.note_stages(inst, out, now)
         for task in out.pulls:  # step 2 done: the engine issues the pull after the iteration
             self.pull(inst, task, now)
-        self.hand_off_migrating(inst, now)
+        if inst.scheduler.migrating:
+            self.hand_off_migrating(inst, now)
         self.kick(inst, now)
+
+    def write_back(self, inst: SimInstance, runs: Sequence[Run]) -> None:
+        """Steady tokens written back: their times are the ticks' stamps."""
+        stamps = inst.steady_stamps
+        for run in runs:
+            self.track.token_run(int(run.request_id), stamps[run.first : run.first + run.count])
+
+    def steady_tick(self, inst: SimInstance, now: float) -> None:
+        """The cohort ran in this iteration: stamp it; each member's gap is the iteration
+        (iterations run back to back while it has members), late ones counted now."""
+        inst.steady_stamps.append(now)
+        slo = self.track.slo
+        if slo is not None and now - inst.last_step_end > slo.tpot_s:
+            steady = inst.scheduler.steady
+            assert steady is not None
+            tick = steady.tick - 1  # the members that joined this iteration took no tick
+            for request_id, member in steady.members.items():
+                if member.join <= tick:
+                    self.track.late_gap(int(request_id))
 
     def hand_off_migrating(self, inst: SimInstance, now: float) -> None:
         for request_id in list(inst.scheduler.migrating):

@@ -117,10 +117,22 @@ class RequestTracker:
                 gap = now - last_s[index]
                 gaps[index].append(gap)
                 if tpot_s is not None and gap > tpot_s:
-                    self._late_gap(index)
+                    self.late_gap(index)
             last_s[index] = now
 
-    def _late_gap(self, index: int) -> None:
+    def token_run(self, index: int, times: Sequence[float]) -> None:
+        """Tokens of a steady decode (``steady_decodes.py``), one at each of ``times``;
+        each late gap was counted as it happened (``late_gap``), no token is silent."""
+        assert self.first_s[index] is not None, "a steady decode has its first token"
+        gaps = self.gaps[index]
+        last = self.last_s[index]
+        for time_s in times:
+            gaps.append(time_s - last)
+            last = time_s
+        self.last_s[index] = last
+
+    def late_gap(self, index: int) -> None:
+        """A gap of ``index`` over the TPOT SLO (a steady decode's: counted as it ends)."""
         self._late[index] += 1
         num_gaps = self.records[index].output_tokens - 1
         if self._late[index] > allowed_late_gaps(num_gaps):
@@ -133,7 +145,7 @@ class RequestTracker:
             self.gaps[index].append(gap)
             self.last_s[index] = now
             if self.slo is not None and gap > self.slo.tpot_s:
-                self._late_gap(index)
+                self.late_gap(index)
         self.finish_s[index] = now
         self._requests.pop(index, None)
         first = self.first_s[index]
