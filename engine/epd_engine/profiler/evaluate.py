@@ -25,6 +25,7 @@ from epd_engine.profiler.bounds import (
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.candidates import Candidate
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.gc_pause import gc_paused
 from epd_engine.profiler.rate_grid import RateGrid
 from epd_engine.profiler.simulator import Simulator
 from epd_engine.profiler.tensor_parallel import sized
@@ -163,7 +164,8 @@ class Evaluator:
     def point(self, candidate: Candidate, rate_rps: float) -> RatePoint:
         """One simulated rate: pass / fail, attainment and the summary (what ``find_goodput``
         measures, here for one rate the grid search picked)."""
-        summary = summarize(self.run(candidate, rate_rps), self.slo)
+        with gc_paused():  # a summary of ~1.5 M gaps allocates as much as the run
+            summary = summarize(self.run(candidate, rate_rps), self.slo)
         share = summary.attainment or 0.0  # computed once: each request's gaps are sorted
         passed = share >= self.slo.attainment - 1e-12
         return RatePoint(rate_rps, share, passed, summary)

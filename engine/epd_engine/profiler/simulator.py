@@ -33,6 +33,7 @@ from epd_engine.contracts.routing_policy import LeastLoaded, RoutingPolicy, firs
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.budgets import derive_budgets
 from epd_engine.profiler.cost_model import FittedCostModel
+from epd_engine.profiler.gc_pause import gc_paused
 from epd_engine.profiler.jitter import Jitter
 from epd_engine.profiler.placement import instance_groups, instance_nodes
 from epd_engine.profiler.sim_instance import RequestFactory, SimInstance, build_scheduler
@@ -134,7 +135,8 @@ class Simulator:
     ) -> SimResult:
         """``seed``: of the calibrated jitter's draws (same seed, same result). A session's
         turns are served as whole prompts (``sim_sessions.py``)."""
-        return _Run(self, whole_prompts(records), stop_on_failure, seed).execute()
+        with gc_paused():
+            return _Run(self, whole_prompts(records), stop_on_failure, seed).execute()
 
 
 class _Run:

@@ -37,7 +37,7 @@ class Member:
     join: int  # the tick of its first steady token
     computed: int  # its counters at the join
     num_output: int
-    pages_until: int  # the tick it next needs a page
+    pages_until: int  # its first tick needing a page, then each block_size ticks on
     done_at: int  # the tick of its last token (taken by the per-request path)
     left: bool = False
 
@@ -62,10 +62,16 @@ class SteadyDecodes:
     members: dict[str, Member] = field(default_factory=dict)
     tick: int = 0  # iterations the cohort has run in, ever (the simulator's stamps)
     _context_base: int = 0  # sum of the members' ``context_offset``
-    _pages_due: list[tuple[int, int, Member]] = field(default_factory=list)
+    # Members by the phase of their page growth: a member fills a page every block_size
+    # ticks, so it needs one at every tick of its phase (tick % block_size) once its first
+    # is due (``pages_until``, at most one period after its join).
+    _by_phase: list[dict[str, Member]] = field(default_factory=list)
     _finishing: list[tuple[int, int, Member]] = field(default_factory=list)
     _seq: int = 0
     _zeros: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._by_phase = [{} for _ in range(self.kv.block_size)]
 
     def __len__(self) -> int:
         return len(self.members)
@@ -95,29 +101,21 @@ class SteadyDecodes:
         )
         self.members[request.request_id] = member
         self._context_base += member.context_offset()
-        self._push(self._pages_due, member.pages_until, member)
+        self._by_phase[member.pages_until % block][request.request_id] = member
         self._push(self._finishing, member.done_at, member)
 
     def pages_due(self) -> list[Member]:
-        """The members that need a page at this tick (popped: call once per iteration)."""
-        heap = self._pages_due
-        if not heap or heap[0][0] > self.tick:
-            return []
-        due = []
-        while heap and heap[0][0] <= self.tick:
-            _, _, member = heapq.heappop(heap)
-            if not member.left:
-                due.append(member)
-        return due
+        """The members that need a page at this tick."""
+        tick = self.tick
+        phase = self._by_phase[tick % len(self._by_phase)]
+        return [member for member in phase.values() if member.pages_until <= tick]
 
     def grow(self, due: list[Member]) -> None:
         """A page each for this tick (the caller checked that they are free)."""
         grown = self.kv.add_pages([member.request.request_id for member in due])
         assert grown, "a steady member's page was checked free"
-        until = self.tick + self.kv.block_size  # its tokens fill its pages
         for member in due:
-            member.pages_until = until
-            self._push(self._pages_due, until, member)
+            member.pages_until = self.tick  # its first is past: one every period from now
 
     def finishing(self) -> list[Member]:
         """The members whose last token is this tick's (popped)."""
@@ -135,7 +133,9 @@ class SteadyDecodes:
         """Write back the tokens it got while steady (ticks before this one); it is a plain
         running request again."""
         member.left = True
-        del self.members[member.request.request_id]
+        request_id = member.request.request_id
+        del self.members[request_id]
+        self._by_phase[member.pages_until % len(self._by_phase)].pop(request_id)
         self._context_base -= member.context_offset()
         count = self.tick - member.join
         if count:
@@ -151,7 +151,6 @@ class SteadyDecodes:
         """Every member leaves (pages may run short: the per-request path decides)."""
         for member in list(self.members.values()):
             self.leave(member, runs)
-        self._pages_due.clear()
         self._finishing.clear()
 
     def _push(self, heap: list[tuple[int, int, Member]], tick: int, member: Member) -> None:
