@@ -32,10 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--emulate",
         metavar="COST_MODEL",
-        type=Path,
         help="run an emulated instance: the real scheduler, budgets and page accounting, step "
-        "times from this cost-model JSON (epdctl profile-costs), deterministic tokens; no torch, "
-        "no weights, and no evidence of engine speed",
+        "times from this cost-model JSON (epdctl profile-costs) or 'reference[:MODEL]' (a "
+        "built-in synthetic one), deterministic tokens; no torch, no weights, and no evidence "
+        "of engine speed",
     )
     p.add_argument(
         "--preset",
@@ -286,10 +286,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--model is required (a checkpoint directory), unless --emulate")
     import uvicorn
 
+    from epd_engine.api.draining import DrainingServer
     from epd_engine.engine import startup
     from epd_engine.model.hub_cache import resolve_snapshot
     from epd_engine.server.app import ServerSettings, create_app
-    from epd_engine.server.drain import DrainingServer, drain
+    from epd_engine.server.drain import drain
     from epd_engine.transfer.factory import check_backend
 
     startup.mark("imports")

@@ -47,8 +47,7 @@ def add_input_args(parser: argparse.ArgumentParser) -> None:
 def load_inputs(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     """(records, cost model, SLO) from the shared flags; UserError on any bad input."""
     from epd_engine.config import SLO
-    from epd_engine.profiler.cost_model import load_cost_model
-    from epd_engine.profiler.reference import reference_cost_model
+    from epd_engine.profiler.reference import named_cost_model
     from epd_engine.workload.arrivals import at_rate
 
     if args.trace and args.workload:
@@ -64,11 +63,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[list[Any], Any, Any]:
     else:
         raise UserError("give a trace (--trace FILE) or a workload (--workload NAME --rate R)")
     try:
-        cost = (
-            reference_cost_model(args.cost_model.partition(":")[2] or "llava-1.5-7b")
-            if args.cost_model.partition(":")[0] == "reference"
-            else load_cost_model(args.cost_model)
-        ).for_backend(args.transfer_backend)
+        cost = named_cost_model(args.cost_model).for_backend(args.transfer_backend)
         slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot, attainment=args.attainment)
     except ValueError as exc:
         raise UserError(str(exc)) from exc

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from epd_engine.profiler.cost_model import BatchShape, FittedCostModel, load_cost_model
+from epd_engine.profiler.cost_model import BatchShape, FittedCostModel
+from epd_engine.profiler.reference import named_cost_model
 from epd_engine.scheduler.output import SchedulerOutput
 
 
@@ -18,8 +19,9 @@ class EmulatedCosts:
     source: str  # the file it came from (shown in metrics and the ready answer)
 
     @classmethod
-    def load(cls, path: str | Path) -> EmulatedCosts:
-        return cls(load_cost_model(path), str(path))
+    def load(cls, name: str | Path) -> EmulatedCosts:
+        """A cost model JSON file, or ``reference[:MODEL]`` (a built-in synthetic one)."""
+        return cls(named_cost_model(name), str(name))
 
     def step_s(self, out: SchedulerOutput) -> float:
         """The runner's time for this batch (the engine loop's own overhead is real here)."""

@@ -6,12 +6,14 @@ import argparse
 import logging
 from pathlib import Path
 
+from epd_engine.api.draining import DrainingServer
 from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
 from epd_engine.cli import UserError
 from epd_engine.config import SLO, Role, internal_token_set
 from epd_engine.contracts.plan import Budgets
 from epd_engine.emulate.app import EmulatedSettings, create_emulated_app
 from epd_engine.emulate.costs import EmulatedCosts
+from epd_engine.emulate.drain import drain_emulated
 from epd_engine.emulate.engine import EmulationError
 from epd_engine.engine import startup
 
@@ -72,11 +74,16 @@ def run_emulated(args: argparse.Namespace) -> int:
         app = create_emulated_app(emulated_settings(args))
     except EmulationError as exc:
         raise UserError(str(exc)) from exc
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_keep_alive=IDLE_KEEP_ALIVE_S,
     )
+    # SIGTERM (a pod scaled away): leave routing and finish what it holds first
+    server = DrainingServer(
+        config, lambda: drain_emulated(getattr(app.state, "emulated", None), args.drain_timeout)
+    )
+    server.run()
     return 0

@@ -29,17 +29,29 @@ reads every page) is charged for all 34 layers' pages.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from epd_engine.profiler.cost_model import (
     Capacity,
     EncodeCoeffs,
     FittedCostModel,
     LanguageCoeffs,
     MigrationCoeffs,
+    load_cost_model,
 )
 from epd_engine.profiler.links import LinkCoeffs
 from epd_engine.profiler.rank_costs import RankCosts, RankedShape
 
 REFERENCE_MODELS = ("llava-1.5-7b", "qwen3-vl-8b", "gemma3-4b")
+
+
+def named_cost_model(name: str | Path) -> FittedCostModel:
+    """``reference`` or ``reference:MODEL`` (a synthetic reference), else a cost model JSON
+    file; ValueError naming what is wrong."""
+    kind, _, model = str(name).partition(":")
+    if kind == "reference":
+        return reference_cost_model(model or "llava-1.5-7b")
+    return load_cost_model(name)
 
 
 def reference_cost_model(model: str = "llava-1.5-7b") -> FittedCostModel:

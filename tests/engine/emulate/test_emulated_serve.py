@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from epd_engine.emulate.costs import EmulatedCosts
 from tests.processes import EPDCTL, free_port, running
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,3 +111,15 @@ def test_emulate_refuses_an_slo_no_batch_meets() -> None:
     done = subprocess.run([*EPDCTL, *args], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "no batch of one meets the SLO" in done.stderr
+
+
+def test_emulate_names_the_built_in_references() -> None:
+    """``--emulate reference[:MODEL]`` (an emulated pod needs no cost-model file); an unknown
+    reference is refused naming the known ones."""
+    args = ["serve", "--emulate", "reference:nope"]
+    done = subprocess.run([*EPDCTL, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "no reference cost model for 'nope'; known: llava-1.5-7b" in done.stderr
+    costs = EmulatedCosts.load("reference:qwen3-vl-8b")
+    assert costs.source == "reference:qwen3-vl-8b"
+    assert costs.model.capacity.kv_block_size > 0
