@@ -218,9 +218,9 @@ class SimScheduler(Scheduler):
         if out.num_steady:
             assert steady is not None
             for member in steady.finishing():  # its last token: the per-request path's
-                request = steady.leave(member, self._runs)
-                request.num_computed_tokens += 1
-                self._sample(request, applied)
+                last = steady.leave(member, self._runs)
+                last.num_computed_tokens += 1
+                self._sample(last, applied)
             steady.tick += 1
             applied.steady = True
         requests = self.requests

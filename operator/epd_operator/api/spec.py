@@ -438,6 +438,14 @@ class EngineSpec(PodSettings):
         "epd-engine:0.1.0 on CPU (the same Dockerfile's two variants).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    emulate: bool = Field(
+        default=False,
+        description="Run every engine pod as an emulated device (epdctl serve --emulate): the "
+        "real scheduler, budgets and page accounting, timed by profiler.costModel (unset: "
+        "the built-in reference); no GPU requested, no weights read, the model served as "
+        "NAME-emulated. For exercising the control plane at fleet scale on CPU nodes; never "
+        "evidence of engine speed.",
+    )
     gpus_per_instance: int = Field(
         default=1,
         ge=0,
@@ -558,6 +566,11 @@ class RolloutSpec(_Model):
     )
 
 
+EMULATE_GROUPS_MESSAGE = (
+    "engine.emulate runs each instance as its own pod: placement.mode Groups is not emulated"
+)
+
+
 class EPDDeploymentSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
@@ -593,6 +606,12 @@ class EPDDeploymentSpec(_Model):
                     ".engine.roles",
                 ),
                 *GROUP_RULES,
+                _cel(
+                    "!has(self.engine.emulate) || !self.engine.emulate || !has(self.placement) "
+                    "|| self.placement.mode != 'Groups'",
+                    EMULATE_GROUPS_MESSAGE,
+                    ".engine.emulate",
+                ),
             ]
         }
     )
@@ -664,6 +683,8 @@ class EPDDeploymentSpec(_Model):
         check_preset_sizes(self.model.source.preset, [*fixed, *auto])
         method = self.disaggregation.method
         check_groups(self.placement, method, engine.transfer_backend, engine.roles)
+        if engine.emulate and self.placement.grouped:
+            raise ValueError(EMULATE_GROUPS_MESSAGE)
         return self
 
 
