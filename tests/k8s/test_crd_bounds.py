@@ -61,11 +61,13 @@ def _both(*mutations: Any) -> Any:
         (_both(_set("disaggregation", {"mode": "Auto"}),
                _set("disaggregation.tensorParallelSizes", [1, 3])),
          "spec.disaggregation.tensorParallelSizes[1]", "supported values"),
+        (_both(_set("engine.emulate", True), _set("placement", {"mode": "Groups"})),
+         "spec.engine.emulate", "engine.emulate runs each instance as its own pod"),
     ],
     ids=["gpus-per-instance", "router-replicas", "memory-quantity", "extra-args",
          "capacity-min-over-max", "capacity-max-bound", "capacity-max-over-budget",
          "tp-on-an-encoder", "tp-size", "tp-in-auto-mode", "tp-sizes-in-fixed-mode",
-         "tp-sizes-bad-size"],
+         "tp-sizes-bad-size", "emulated-groups"],
 )  # fmt: skip
 def test_api_server_rejects_values_the_engine_cannot_run(
     cluster: Cluster, crd: None, namespace: str, mutate: Any, field: str, words: str

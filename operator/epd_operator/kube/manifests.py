@@ -30,6 +30,7 @@ from typing import Any
 from epd_engine.contracts.plan import Plan
 from epd_operator.api.images import ENGINE_IMAGE
 from epd_operator.api.spec import API_VERSION, KIND
+from epd_operator.kube.emulated_pods import served_model_name
 from epd_operator.kube.group_pods import group_pod_template, member_ports, members_label
 from epd_operator.kube.group_pools import deployment_pools
 from epd_operator.kube.names import (
@@ -163,7 +164,7 @@ def router_config(owner: Owner, plan: Plan, active_pools: list[str]) -> dict[str
     """
     spec = owner.spec
     return {
-        "model": spec.model.name,
+        "model": served_model_name(owner),
         "method": plan.method.value,
         "slo_ttft_s": spec.slo.ttft_milliseconds / 1000,
         "slo_tpot_s": spec.slo.tpot_milliseconds / 1000,

@@ -25,7 +25,14 @@ from typing import Any
 from epd_engine.config import Role
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags
+from epd_operator.api.images import default_engine_image
 from epd_operator.api.spec import Toleration
+from epd_operator.kube.emulated_pods import (
+    EMULATED_RESOURCES,
+    cost_model_volumes,
+    emulate_args,
+    emulated,
+)
 from epd_operator.kube.names import (
     ENGINE_PORT,
     LABEL_POOL,
@@ -213,6 +220,8 @@ def serve_args(
     spec = owner.spec
     engine = spec.engine
     settings = engine.role_pod(role, spec.gpu_resource_name)
+    if emulated(owner):  # a name to serve under, no checkpoint, no device
+        model, device = spec.model.name, "cpu"
     if device is None:
         device = "cuda" if settings.gpus_per_rank > 0 else "cpu"
     pod_settings = [
@@ -222,7 +231,9 @@ def serve_args(
         # SIGTERM: leave routing, finish in-flight requests, then exit within the grace period
         "--drain-timeout", str(engine.drain_timeout_s),
     ]  # fmt: skip
-    if spec.model.source.preset is not None:
+    if emulated(owner):
+        pod_settings += emulate_args(owner)
+    elif spec.model.source.preset is not None:
         pod_settings += ["--preset", spec.model.source.preset]
     pod_settings += role_engine_args(plan.size_of(role))
     return ServeCommand(
@@ -261,7 +272,8 @@ def _volumes(owner: Owner, tmp_volume: dict[str, Any]) -> list[dict[str, Any]]:
     if engine.shm_size is not None:
         shm["sizeLimit"] = engine.shm_size
     extra = [v.manifest() for v in engine.volumes]
-    return [_model_volume(owner), {"name": "shm", "emptyDir": shm}, tmp_volume, *extra]
+    own = cost_model_volumes(owner)[0] if emulated(owner) else [_model_volume(owner)]
+    return [*own, {"name": "shm", "emptyDir": shm}, tmp_volume, *extra]
 
 
 def engine_probes(
@@ -304,7 +316,7 @@ def engine_container(
         "resources": container_resources,
         "securityContext": container_security_context(),
         "volumeMounts": [
-            _model_mount(owner),
+            *(cost_model_volumes(owner)[1] if emulated(owner) else [_model_mount(owner)]),
             {"name": "shm", "mountPath": SHM_DIR},
             tmp_mount,
             *(m.manifest() for m in engine.volume_mounts),
@@ -368,19 +380,18 @@ def engine_pod_template(
     a preference for the nodes of its cache partners (partner_affinity.py)."""
     spec = owner.spec
     role = spec.engine.role_pod(pool.role, spec.gpu_resource_name)
+    image, gpus, defaults = role.image, pool.gpus_per_instance, DEFAULT_ENGINE_RESOURCES
+    if emulated(owner):  # a small CPU process: the CPU image unless one is named
+        own = spec.engine.roles.get(pool.role)
+        image = (own.image if own else None) or spec.engine.image or default_engine_image(0)
+        gpus, defaults = 0, EMULATED_RESOURCES
     container = engine_container(
         owner,
-        role.image,
+        image,
         engine_args(owner, pool, plan, router_args),
         [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         engine_probes(),
-        resources(
-            pool.gpus_per_instance,
-            role.gpu_resource_name,
-            role.requests,
-            role.limits,
-            DEFAULT_ENGINE_RESOURCES,
-        ),
+        resources(gpus, role.gpu_resource_name, role.requests, role.limits, defaults),
     )
     affinity = with_partner_affinity(spec.engine.affinity, partner_terms(owner, plan, pool.role))
     pool_labels = {LABEL_POOL: pool.name, LABEL_ROLE: pool.role.value}

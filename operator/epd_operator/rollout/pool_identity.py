@@ -102,6 +102,8 @@ def pool_identity(spec: EPDDeploymentSpec, role: Role, ranks: int = 1) -> dict[s
     }
     if ranks > 1:  # only then: the pools of one-rank plans keep their names
         identity["tensor_parallel_size"] = ranks
+    if spec.engine.emulate:  # real and emulated instances never share a pool
+        identity["emulate"] = True
     return identity
 
 
