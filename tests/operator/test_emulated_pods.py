@@ -82,5 +82,5 @@ def test_real_and_emulated_instances_never_share_a_pool() -> None:
 
 def test_placement_groups_are_not_emulated() -> None:
     spec = make_spec_dict(engine={"emulate": True}, placement={"mode": "Groups"})
-    with pytest.raises(ValidationError, match="engine.emulate runs each instance as its own"):
+    with pytest.raises(ValidationError, match=r"engine\.emulate runs each instance as its own"):
         EPDDeploymentSpec.model_validate(spec)
