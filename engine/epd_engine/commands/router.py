@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
+from epd_engine.api.log_setup import setup_logging
 from epd_engine.cli import UserError
 
 
@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     from epd_engine.router.app import create_app
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level)
     from epd_engine.config import internal_token_set
 
     if not internal_token_set():

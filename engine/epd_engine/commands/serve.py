@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
+from epd_engine.api.log_setup import setup_logging
 from epd_engine.cli import UserError
 from epd_engine.config import (
     ATTENTION_BACKENDS,
@@ -298,9 +298,7 @@ def run(args: argparse.Namespace) -> int:
     # The engine thread holds the GIL through the Python parts of every step; the event loop
     # (pulls, token events, heartbeats) must not wait the default 5 ms for it each time.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level)
     if args.transfer_backend not in AVAILABLE_TRANSFER_BACKENDS:
         raise UserError(
             f"transfer backend {args.transfer_backend!r} is not available in this build; "

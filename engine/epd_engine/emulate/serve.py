@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 from epd_engine.api.draining import DrainingServer
 from epd_engine.api.keep_alive import IDLE_KEEP_ALIVE_S
+from epd_engine.api.log_setup import setup_logging
 from epd_engine.cli import UserError
 from epd_engine.config import SLO, Role, internal_token_set
 from epd_engine.contracts.plan import Budgets
@@ -67,9 +67,7 @@ def run_emulated(args: argparse.Namespace) -> int:
     import uvicorn
 
     startup.mark("imports")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level)
     try:
         app = create_emulated_app(emulated_settings(args))
     except EmulationError as exc:
