@@ -216,8 +216,8 @@ class Target:
         says which one it chose for this peer)."""
         if self.metrics is None:
             return
-        chosen = getattr(self.backend, "chosen", None)
-        backend = (chosen(peer.instance_id) if chosen else None) or self.backend.name
+        label = getattr(self.backend, "label", None)
+        backend = label(peer) if label is not None else self.backend.name
         labels = self.metrics.labels
         self.metrics.migration_pull.labels(**labels, kind=task.kind.value, backend=backend).observe(
             seconds

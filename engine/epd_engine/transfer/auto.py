@@ -35,10 +35,14 @@ class AutoBackend:
     def describe(self) -> dict[str, Any]:
         return {**self.near.describe(), **self.far.describe()}
 
-    def chosen(self, instance_id: str) -> str | None:
-        """The backend used with this peer so far (None before the first pull)."""
-        backend = self._choice.get(instance_id)
-        return backend.name if backend is not None else None
+    def label(self, peer: Peer) -> str:
+        """The backend that moves this peer's pages: the one used so far, else the one the
+        first pull will try (a pull that moved nothing, every page already here, is still
+        counted under the backend it would have used, not under ``auto``)."""
+        backend = self._choice.get(peer.instance_id)
+        if backend is None:
+            backend = self.near if self.near.reachable(peer) else self.far
+        return backend.name
 
     async def pull(self, peer: Peer, transfer: PageTransfer) -> None:
         backend = self._choice.get(peer.instance_id)

@@ -9,7 +9,7 @@ import torch
 
 from epd_engine.transfer import AVAILABLE_TRANSFER_BACKENDS, TRANSFER_BACKENDS
 from epd_engine.transfer.auto import AutoBackend
-from epd_engine.transfer.backend import Exports, TransferError
+from epd_engine.transfer.backend import Exports, Peer, TransferError
 from epd_engine.transfer.factory import (
     TransferSettings,
     cache_memory,
@@ -101,5 +101,24 @@ async def test_nixl_builds_on_cpu_caches_in_private_memory() -> None:
             assert info["agent"].startswith("epd-") and info["metadata"]
             with pytest.raises(TransferError, match="nixl backend has no control operation"):
                 await backend.control("connect", {})
+        finally:
+            await backend.close()
+
+
+async def test_auto_labels_a_peer_by_the_backend_it_uses_before_any_bytes_moved() -> None:
+    """A pull that moved nothing (every page already here: the prefix cache) is counted under
+    the backend this peer's pages would move by, never under ``auto``. Defect prevented:
+    ``test_methods[EP+D-auto]`` saw pulls labelled ``auto`` when the first pull from a
+    source found all its pages held."""
+    memory = cache_memory("auto", "cpu")
+    regions = SPEC.allocate(memory)
+    async with httpx.AsyncClient() as http:
+        backend = make_backend(TransferSettings(), memory, regions, Exports(), http, "t")
+        try:
+            assert isinstance(backend, AutoBackend)
+            here = Peer("near-1", "http://x", backend.describe())  # this host's descriptor
+            away = Peer("far-1", "http://y", {"tcp": backend.far.describe()["tcp"]})
+            assert backend.label(here) == "shm"
+            assert backend.label(away) == "tcp"
         finally:
             await backend.close()
