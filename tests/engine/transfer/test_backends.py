@@ -132,8 +132,8 @@ async def test_auto_maps_a_same_host_peer_and_falls_back_to_tcp_otherwise(
     try:
         await backend.pull(peer, PageTransfer("auto", CacheKind.KV, (1,), (0,)))
         await backend.pull(unreachable, PageTransfer("auto", CacheKind.KV, (1,), (1,)))
-        assert backend.chosen(peer.instance_id) == "shm"
-        assert backend.chosen("elsewhere") == "tcp"
+        assert backend.label(peer) == "shm"
+        assert backend.label(unreachable) == "tcp"  # its connect failed: tcp for good
     finally:
         await backend.close()
 
