@@ -11,8 +11,8 @@ them, routers still send aborts — while ``leave_routing``:
 2. waits until it holds nothing (the instance says what that is: no request, no cache
    parked for a target to pull, every event answered) for two heartbeat periods in a row
    (a source that read the table just before may still offer it one);
-3. at ``timeout_s`` hands back what is left (the instance's ``hand_back``: the owning router
-   re-routes each request it still holds).
+3. at ``timeout_s`` hands back what is left: the owning router re-routes each request whose
+   routing the instance still holds (``held``).
 
 Then uvicorn's own shutdown runs. SIGINT (Ctrl-C, ``epdctl up`` stopping its processes) and
 a second SIGTERM skip the drain. The engine (``server/drain.py``) and the emulated instance
@@ -29,10 +29,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 
 from epd_engine.disagg.router_link import RouterLink
+from epd_engine.transfer.messages import Routing
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +77,33 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, None)
 
 
+class Drainable(Protocol):
+    """What the drain reads of an instance's app state (the engine's and the emulator's)."""
+
+    ready: bool
+    link: RouterLink | None
+
+
 async def leave_routing(
-    link: RouterLink,
-    holds_nothing: Callable[[], bool],
-    hand_back: Callable[[], Awaitable[None]],
+    state: Drainable,
     timeout_s: float,
+    num_held: Callable[[], int],
+    holds_nothing: Callable[[RouterLink], bool],
+    held: Callable[[], Awaitable[list[Routing]]],
 ) -> None:
-    """Say ``draining``, wait until ``holds_nothing()`` for two heartbeats, else
-    ``hand_back()`` what is left at ``timeout_s``."""
+    """Turn readiness false, say ``draining``, wait until ``holds_nothing(link)`` for two
+    heartbeats, else hand the routings ``held()`` back to their routers at ``timeout_s``."""
+    state.ready = False
+    link = state.link
+    if link is None:  # no router: uvicorn's shutdown waits for open responses
+        return
+    log.warning("draining: no new requests; finishing %d in flight", num_held())
     deadline_s = time.monotonic() + timeout_s
     link.draining = True
     await _announced(link, min(deadline_s, time.monotonic() + ANNOUNCE_TIMEOUT_S))
     quiet_since: float | None = None
     while time.monotonic() < deadline_s:
-        if holds_nothing():
+        if holds_nothing(link):
             now = time.monotonic()
             quiet_since = quiet_since if quiet_since is not None else now
             if now - quiet_since >= QUIET_HEARTBEATS * link.heartbeat_s:
@@ -97,7 +112,11 @@ async def leave_routing(
         else:
             quiet_since = None
         await asyncio.sleep(POLL_S)
-    await hand_back()
+    routings = await held()
+    log.warning("drain timed out: handing %d request(s) back to the router", len(routings))
+    await asyncio.gather(
+        *(link.retry(r, "its instance shut down before finishing it") for r in routings)
+    )
 
 
 def events_answered(link: RouterLink) -> bool:

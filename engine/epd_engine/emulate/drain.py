@@ -8,27 +8,25 @@ is answered; at the timeout each request it still relays goes back to its router
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from epd_engine.api.draining import events_answered, leave_routing
+from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.routes import EmulatedState
-
-log = logging.getLogger(__name__)
+from epd_engine.transfer.messages import Routing
 
 
 async def drain_emulated(state: EmulatedState | None, timeout_s: float) -> None:
     if state is None:  # SIGTERM before start-up ended: nothing to drain
         return
-    state.ready = False
-    link = state.link
-    if link is None:  # no router: uvicorn's shutdown waits for open responses
-        return
-    log.warning("draining: no new requests; finishing %d in flight", len(state.relays))
-    await leave_routing(link, lambda: holds_nothing(state), lambda: _hand_back(state), timeout_s)
+    await leave_routing(
+        state,
+        timeout_s,
+        lambda: len(state.relays),
+        lambda link: holds_nothing(state, link),
+        lambda: _held(state),
+    )
 
 
-def holds_nothing(state: EmulatedState) -> bool:
+def holds_nothing(state: EmulatedState, link: RouterLink) -> bool:
     scheduler = state.loop.engine.scheduler
     migration = state.migration
     return (
@@ -36,17 +34,13 @@ def holds_nothing(state: EmulatedState) -> bool:
         and not scheduler.has_work()
         and not scheduler.migrating
         and not (migration is not None and migration.tasks)
-        and (state.link is None or events_answered(state.link))
+        and events_answered(link)
     )
 
 
-async def _hand_back(state: EmulatedState) -> None:
-    """Ask the routers to re-route every request still relayed from here."""
-    link, migration = state.link, state.migration
-    if link is None or migration is None:
-        return
-    routings = [r for request_id, r in migration.routings.items() if request_id in state.relays]
-    log.warning("drain timed out: handing %d request(s) back to the router", len(routings))
-    await asyncio.gather(
-        *(link.retry(r, "its instance shut down before finishing it") for r in routings)
-    )
+async def _held(state: EmulatedState) -> list[Routing]:
+    """The routings of the requests still relayed from here."""
+    migration = state.migration
+    if migration is None:
+        return []
+    return [r for request_id, r in migration.routings.items() if request_id in state.relays]

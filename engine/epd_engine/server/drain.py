@@ -5,15 +5,10 @@ already streamed."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 from epd_engine.api.draining import events_answered, leave_routing
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.server.state import InstanceState
 from epd_engine.transfer.messages import Routing
-
-log = logging.getLogger(__name__)
 
 
 async def drain(state: InstanceState | None, timeout_s: float) -> None:
@@ -21,13 +16,12 @@ async def drain(state: InstanceState | None, timeout_s: float) -> None:
     ``timeout_s``."""
     if state is None:  # SIGTERM before start-up ended: nothing to drain
         return
-    state.ready = False
-    link = state.link
-    if link is None:  # no router: uvicorn's shutdown waits for open responses
-        return
-    log.warning("draining: no new requests; finishing %d in flight", len(state.engine.streams))
     await leave_routing(
-        link, lambda: holds_nothing(state, link), lambda: _hand_back(state, link), timeout_s
+        state,
+        timeout_s,
+        lambda: len(state.engine.streams),
+        lambda link: holds_nothing(state, link),
+        lambda: _held(state),
     )
 
 
@@ -41,14 +35,10 @@ def holds_nothing(state: InstanceState, link: RouterLink) -> bool:
     )
 
 
-async def _hand_back(state: InstanceState, link: RouterLink) -> None:
-    """Ask the routers to re-route every request still held here."""
+async def _held(state: InstanceState) -> list[Routing]:
+    """The routings of the requests the engine still holds (read on its thread)."""
 
     def held() -> list[Routing]:
         return [s.routing for s in state.engine.streams.values() if s.routing is not None]
 
-    routings: list[Routing] = list(await state.engine.call_async(held))  # type: ignore[call-overload]
-    log.warning("drain timed out: handing %d request(s) back to the router", len(routings))
-    await asyncio.gather(
-        *(link.retry(r, "its instance shut down before finishing it") for r in routings)
-    )
+    return list(await state.engine.call_async(held))  # type: ignore[call-overload]
