@@ -10,6 +10,18 @@ from epd_engine.profiler.cost_model import (
     LanguageCoeffs,
     MigrationCoeffs,
 )
+from epd_engine.profiler.simulator import SimResult
+
+
+def assert_same_simulation(got: SimResult, want: SimResult) -> None:
+    """Two simulations identical to the last float: steps, end, early stop, busy time and
+    every request's result."""
+    assert got.num_steps == want.num_steps
+    assert got.end_s == want.end_s
+    assert got.stopped_early == want.stopped_early
+    assert got.busy_s_by_role == want.busy_s_by_role
+    for mine, theirs in zip(got.results, want.results, strict=True):
+        assert mine == theirs, f"request {theirs.request_id} diverged"
 
 
 def toy_cost_model(

@@ -23,6 +23,7 @@ from epd_engine.request import Request
 from epd_engine.workload.arrivals import ArrivalSpec
 from epd_engine.workload.distributions import SizeChoice, Uniform
 from epd_engine.workload.generators import WorkloadShape, synthesize
+from tests.engine.profiler.factories import assert_same_simulation
 
 # Issue 19's mixed traffic with shorter prompts and outputs (a test must stay cheap).
 MIXED = WorkloadShape(
@@ -64,15 +65,6 @@ def _run(
     return Simulator(plan, cost, SLO_MIXED, scheduler_kind=kind).run(trace, stop_on_failure=stop)
 
 
-def _assert_same(fast: SimResult, reference: SimResult) -> None:
-    assert fast.num_steps == reference.num_steps
-    assert fast.end_s == reference.end_s
-    assert fast.stopped_early == reference.stopped_early
-    assert fast.busy_s_by_role == reference.busy_s_by_role
-    for got, want in zip(fast.results, reference.results, strict=True):
-        assert got == want, f"request {want.request_id} diverged"
-
-
 def _small_kv(cost: FittedCostModel, num_kv_blocks: int) -> FittedCostModel:
     return dataclasses.replace(
         cost, capacity=dataclasses.replace(cost.capacity, num_kv_blocks=num_kv_blocks)
@@ -89,7 +81,7 @@ def test_fast_path_simulates_exactly_like_the_engine_scheduler(plan: Plan, seed:
     fast = _run(plan, trace, cost, SimScheduler, stop=False)
     reference = _run(plan, trace, cost, EngineScheduler, stop=False)
     assert sum(r.num_output_tokens for r in reference.results) > 1000  # decodes were run
-    _assert_same(fast, reference)
+    assert_same_simulation(fast, reference)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
@@ -101,7 +93,7 @@ def test_fast_path_preempts_and_evicts_like_the_engine_scheduler(plan: Plan) -> 
     CountingPreemptions.preempted = 0
     fast = _run(plan, trace, cost, CountingPreemptions, stop=False)
     assert CountingPreemptions.preempted > 0
-    _assert_same(fast, _run(plan, trace, cost, EngineScheduler, stop=False))
+    assert_same_simulation(fast, _run(plan, trace, cost, EngineScheduler, stop=False))
 
 
 @pytest.mark.parametrize("plan", PLANS[::2], ids=lambda p: p.describe())
@@ -112,7 +104,7 @@ def test_fast_path_stops_early_at_the_same_event(plan: Plan) -> None:
     cost = reference_cost_model()
     fast = _run(plan, trace, cost, SimScheduler, stop=True)
     assert fast.stopped_early
-    _assert_same(fast, _run(plan, trace, cost, EngineScheduler, stop=True))
+    assert_same_simulation(fast, _run(plan, trace, cost, EngineScheduler, stop=True))
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
@@ -126,7 +118,7 @@ def test_fast_path_matches_the_engine_scheduler_on_variable_image_tokens(plan: P
     cost = dataclasses.replace(cost, capacity=capacity)
     fast = _run(plan, trace, cost, SimScheduler, stop=False)
     reference = _run(plan, trace, cost, EngineScheduler, stop=False)
-    _assert_same(fast, reference)
+    assert_same_simulation(fast, reference)
 
 
 @pytest.mark.parametrize("num_kv_blocks", [64, 2048])
@@ -146,7 +138,7 @@ def test_fast_path_caches_prefixes_like_the_engine_scheduler(
     assert sum(reference.prefix_hit_tokens.values()) > 0
     assert fast.prefix_hit_tokens == reference.prefix_hit_tokens
     assert fast.prefix_queried_tokens == reference.prefix_queried_tokens
-    _assert_same(fast, reference)
+    assert_same_simulation(fast, reference)
 
 
 @pytest.mark.parametrize("plan", PLANS[::2], ids=lambda p: p.describe())
@@ -170,4 +162,4 @@ def test_fast_path_writes_answers_like_the_engine_scheduler(plan: Plan) -> None:
     earlier_blocks = sessions * block * sum(range(turns))
     assert max(reference.prefix_hit_tokens.values()) > earlier_blocks  # answers' pages too
     assert fast.prefix_hit_tokens == reference.prefix_hit_tokens
-    _assert_same(fast, reference)
+    assert_same_simulation(fast, reference)

@@ -25,6 +25,7 @@ from epd_engine.profiler.steady_decodes import Run, SteadyDecodes
 from epd_engine.workload.arrivals import ArrivalSpec
 from epd_engine.workload.distributions import SizeChoice, Uniform
 from epd_engine.workload.generators import WorkloadShape, synthesize
+from tests.engine.profiler.factories import assert_same_simulation
 
 LONG_ANSWERS = WorkloadShape(
     "steady-long-answers",
@@ -87,15 +88,6 @@ def _run(
     return simulator.run(trace, stop_on_failure=stop)
 
 
-def _assert_same(got: SimResult, want: SimResult) -> None:
-    assert got.num_steps == want.num_steps
-    assert got.end_s == want.end_s
-    assert got.stopped_early == want.stopped_early
-    assert got.busy_s_by_role == want.busy_s_by_role
-    for mine, theirs in zip(got.results, want.results, strict=True):
-        assert mine == theirs, f"request {theirs.request_id} diverged"
-
-
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
 def test_the_cohort_carries_most_tokens_and_changes_nothing(plan: Plan, counts: Counts) -> None:
     trace = synthesize(LONG_ANSWERS, 80, ArrivalSpec("poisson", 20.0), seed=3)
@@ -106,7 +98,7 @@ def test_the_cohort_carries_most_tokens_and_changes_nothing(plan: Plan, counts: 
     tokens = sum(r.num_output_tokens for r in walked.results)
     assert counts.joined > 40
     assert counts.steady_tokens > tokens / 2  # most decode tokens never walked one by one
-    _assert_same(steady, walked)
+    assert_same_simulation(steady, walked)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
@@ -118,7 +110,7 @@ def test_the_cohort_dissolves_when_pages_run_short(plan: Plan, counts: Counts) -
     slo = SLO(ttft_s=0.5, tpot_s=0.04)
     steady = _run(plan, trace, cost, slo, steady=True, stop=False)
     assert counts.dissolved > 0
-    _assert_same(steady, _run(plan, trace, cost, slo, steady=False, stop=False))
+    assert_same_simulation(steady, _run(plan, trace, cost, slo, steady=False, stop=False))
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.describe())
@@ -134,7 +126,7 @@ def test_late_gaps_stop_the_run_at_the_same_event(plan: Plan, counts: Counts) ->
     steady = _run(plan, trace, cost, slo, steady=True, stop=True)
     assert steady.stopped_early
     assert counts.joined > 0
-    _assert_same(steady, _run(plan, trace, cost, slo, steady=False, stop=True))
+    assert_same_simulation(steady, _run(plan, trace, cost, slo, steady=False, stop=True))
 
 
 def test_silent_tokens_keep_every_decode_walked(counts: Counts) -> None:
