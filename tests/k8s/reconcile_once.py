@@ -6,7 +6,11 @@ these tests fast and deterministic. The status is written through the status sub
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kubernetes import client
@@ -52,3 +56,15 @@ class Pass:
 
 def condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
     return next(c for c in status.get("conditions", []) if c["type"] == ctype)
+
+
+@contextmanager
+def loopback_router(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in router (``handler``) on loopback for the passes to ask; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

@@ -17,10 +17,9 @@ show where it ran.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from kubernetes import client
@@ -28,7 +27,7 @@ from kubernetes import client
 from epd_operator.api.spec import GROUP, PLURAL, VERSION
 from epd_operator.kube import controller
 from tests.k8s.conftest import ROOT, Cluster
-from tests.k8s.reconcile_once import Pass
+from tests.k8s.reconcile_once import Pass, loopback_router
 
 pytestmark = pytest.mark.k8s
 NAME = "qwen2-vl"  # examples/k8s/epd-auto.yaml
@@ -50,13 +49,8 @@ class SlowTrace(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_router() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowTrace)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with loopback_router(SlowTrace) as url:
+        yield url
 
 
 def test_a_due_re_plan_runs_beside_the_passes_and_the_next_pass_takes_it(

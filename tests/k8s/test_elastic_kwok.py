@@ -12,9 +12,8 @@ window at the rate the test sets), the pools in flight (none) and the routing sw
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import pytest
@@ -26,7 +25,7 @@ from epd_engine.workload.generators import synthesize
 from epd_operator.api.spec import GROUP, PLURAL, VERSION
 from epd_operator.kube import controller
 from tests.k8s.conftest import Cluster, wait_until
-from tests.k8s.reconcile_once import Pass
+from tests.k8s.reconcile_once import Pass, loopback_router
 
 pytestmark = pytest.mark.k8s
 NAME = "elastic"
@@ -70,13 +69,8 @@ class TraceRouter(BaseHTTPRequestHandler):
 @pytest.fixture
 def router() -> Iterator[str]:
     TraceRouter.rate_rps, TraceRouter.routing = 5.0, []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), TraceRouter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with loopback_router(TraceRouter) as url:
+        yield url
 
 
 def manifest() -> dict[str, Any]:
