@@ -215,7 +215,10 @@ def test_fixed_plan_rollout_and_safe_plan_change(
     final = snapshots[-1]
     new_pools = set(final["pools_after"])
     assert final["progressing"] == "RolloutComplete", snapshots[-5:]
-    assert new_pools and new_pools.isdisjoint(old_pools)
+    # E and P go; the D pool is the same pool (same settings), resized 1 -> 2 in place
+    [kept] = new_pools & old_pools
+    assert kept.startswith(f"{NAME}-d-") and len(new_pools - old_pools) == 1, new_pools
+    assert cluster.get("deployment", kept, "-n", ns)["spec"]["replicas"] == 2
     assert final["active"] == new_pools
 
     # 1) the router only ever routes to a complete plan whose pools exist and are Ready

@@ -6,8 +6,9 @@ new pools, after it PUT the new routing but before reading it back, after the re
 before writing status, after deleting the drained pools but before writing status (each by
 ``EPD_OPERATOR_EXIT_AT``, an immediate ``os._exit`` there), and SIGKILLed from outside while
 status says ``Draining``. A fresh operator then completes each switch. Every switch brings
-new pool names only, so a watch on the namespace's Deployments shows whether anything was
-created twice, deleted twice, or deleted and created again.
+new pool names only (each also sets another ``numKvBlocks``: a role kept with the same
+settings would be the same pool, resized in place), so a watch on the namespace's Deployments
+shows whether anything was created twice, deleted twice, or deleted and created again.
 
 Routers do not run on kwok: a real router process on loopback stands in for the router pods
 (``LoopbackRouter``), so switches and read-backs go through its real internal API.
@@ -194,11 +195,16 @@ def drill(
         time.sleep(1)  # the watch lists what exists (ADDED) before the first switch
         before = engine_pools(cluster, ns)
         assert set(before) == set(first["activePools"])
-        for method, pools, stop_at in SWITCHES:
+        for index, (method, pools, stop_at) in enumerate(SWITCHES):
             spec = cluster.get("epddeployment", NAME, "-n", ns)["spec"]
             # one merge patch (the CRD checks that pools match the method): null drops a role
             roles: dict[str, int | None] = dict.fromkeys(spec["disaggregation"]["pools"])
-            patch = {"spec": {"disaggregation": {"method": method, "pools": {**roles, **pools}}}}
+            patch = {
+                "spec": {
+                    "disaggregation": {"method": method, "pools": {**roles, **pools}},
+                    "engine": {"numKvBlocks": 512 + 64 * index},  # every pool a new one
+                }
+            }
             cluster.kubectl("patch", "epd", NAME, "-n", ns, "--type", "merge", "-p",
                             json.dumps(patch))  # fmt: skip
             generation = status_of(cluster, ns)["generation"]

@@ -1,8 +1,8 @@
 """Emulated engine pods on the real node (``spec.engine.emulate``, issue 32): the chart's
 operator runs a pool of ``epdctl serve --emulate`` pods from the engine image, the router
 answers the ``openai`` client under the emulated name, and the pool scales 1 -> 3 -> 1 under
-streaming and plain traffic with nothing failed (each retired pool drains through the
-router, each deleted pod drains on SIGTERM).
+streaming and plain traffic with nothing failed. The pool is resized in place: its one
+Deployment grows, then shrinks, and each pod scaled away drains on SIGTERM.
 
 Real pods, real kubelet and containerd, real router; only the engine is emulated, which is
 the point: the control plane meets what a GPU fleet would make it do, on two CPU cores.
@@ -132,4 +132,7 @@ def test_emulated_pods_serve_and_scale_up_and_down_under_traffic(
     print(f"emulated pods: {summary}; events {reasons}")
     assert traffic.failures == [], traffic.failures[:5]
     assert "DrainTimeout" not in reasons, reasons
-    assert reasons.count("Drained") >= 2, reasons
+    assert reasons.count("ScalingUp") == 1 and reasons.count("ScalingDown") == 1, reasons
+    assert "Drained" not in reasons, reasons  # no pool replaced: the one pool was resized
+    deployments = cluster.items("deployments", "-n", ns, "-l", f"{r.LABEL_COMPONENT}=engine")
+    assert [d["spec"]["replicas"] for d in deployments] == [1], deployments

@@ -4,9 +4,9 @@ per role under traffic and back to 1 once the rate drops, with every request ans
 Real ``epdctl serve`` processes (tiny-llava, float32), the real router and ``LocalRun``'s
 passes (what ``epdctl up`` runs), image requests over HTTP from threads at a set rate.
 
-The plan is single-role: EPD x1 -> x3 -> x1. E+P+D at one to three instances per role
-would run up to twelve engine processes on two cores during a rollout (old pools beside the
-new); EPD keeps the peak at four (the grown pool beside the old one).
+The plan is single-role: EPD x1 -> x3 -> x1, the one pool resized in place: grown to three,
+then its two newest replicas drain and exit. No more than three engines run at any time
+(when a pool's count was in its name, the grown pool started beside the old one: four).
 
 On a 2-core CPU more instances add no real capacity, so the planner is told they do: it
 plans with the H200 cost model with every compute time ``SLOWER`` times longer (one EPD
@@ -172,6 +172,7 @@ def test_the_loop_scales_real_engines_1_3_1_under_traffic(
     run.reconciler.memory = PlanMemory(plan=PlanStatus.from_plan(ONE, 1))
     traffic = Traffic(run.router_url)
     plans: list[str] = []
+    peak = [0]  # engine processes at once, draining ones included
     lines = [""]
     started = time.monotonic()
 
@@ -179,6 +180,7 @@ def test_the_loop_scales_real_engines_1_3_1_under_traffic(
         deadline = time.monotonic() + limit_s
         while True:
             status = run.pass_once()
+            peak[0] = max(peak[0], len(run.reconciler.pids()))
             if not plans or plans[-1] != status.plan:
                 plans.append(status.plan)
             why = status.decision and [status.decision[k] for k in ("outcome", "forecastRps")]
@@ -203,7 +205,11 @@ def test_the_loop_scales_real_engines_1_3_1_under_traffic(
         traffic.rate = LOW_RPS
         down = until(lambda s: s.plan != "EPD 3EPD", "no scale-down at the low rate", 60)
         down_s = time.monotonic() - scaled_up
-        until(lambda s: serving(s, "EPD 1EPD"), "the old instances did not drain", 120)
+        until(lambda s: serving(s, "EPD 1EPD"), "the pool did not shrink", 120)
+        drained = time.monotonic() + 90
+        while run.reconciler.pools.leaving():  # the two removed finish what they hold
+            assert time.monotonic() < drained, run.reconciler.pools.leaving()
+            time.sleep(0.5)
         traffic.finish()
     finally:
         traffic.stop.set()
@@ -219,5 +225,6 @@ def test_the_loop_scales_real_engines_1_3_1_under_traffic(
     assert down.conditions["Planned"][1] == "ScaledDown", down.conditions["Planned"]
     assert down.decision is not None and down.decision["instances"] == 1
     assert down_s >= 10  # not before the stabilisation window (the 30 s interval paces it)
+    assert peak[0] == 3, peak  # in place: never a second pool beside the first
     assert traffic.failed == 0, traffic.errors[:3]
     assert traffic.ok == traffic.sent > 40, (traffic.ok, traffic.sent)

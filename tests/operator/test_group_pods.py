@@ -74,12 +74,15 @@ def test_pools_mode_and_one_pool_plans_are_not_grouped() -> None:
     assert r.deployment_pools(auto, single) == r.pool_specs(auto, single)
 
 
-def test_group_name_follows_its_members_and_slices() -> None:
+def test_group_name_follows_its_members_not_its_slice_count() -> None:
+    """More slices resize the group pool in place (its name stays); changed members start a
+    new one."""
     owner = _grouped()
     name = r.deployment_pools(owner, PLAN)[0].name
     assert r.deployment_pools(owner, PLAN)[0].name == name  # deterministic
     two = Plan(method=Method.E_P_D, pools={Role.E: 2, Role.P: 2, Role.D: 3})
-    assert r.deployment_pools(owner, two)[0].name != name
+    resized = r.deployment_pools(owner, two)[0]
+    assert (resized.name, resized.replicas) == (name, 2)
     other_cache = _grouped(kvBlockSize=32)
     assert r.deployment_pools(other_cache, PLAN)[0].name != name
 

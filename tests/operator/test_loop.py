@@ -70,6 +70,11 @@ class FakeCluster:
             )
             ready = self.pools[p.name].ready if p.name in self.pools else 0
             self.pools[p.name] = ObservedPool(p.name, p.role, p.replicas, ready, p.gpus, stuck)
+        for name, n in d.shrink.items():  # the removed instances drain and go
+            p = self.pools[name]
+            self.pools[name] = ObservedPool(
+                name, p.role, n, min(p.ready, n), p.gpus // p.replicas * n, p.unschedulable
+            )
         for name in d.delete:
             del self.pools[name]
         if self.reachable and d.route_to and d.route_to != self.routing:
@@ -233,7 +238,8 @@ def test_budget_4_for_e_p_d_to_ep_d_waits_and_never_routes_nothing() -> None:
     assert cluster.routing == names(OLD, 4) and set(cluster.pools) == names(OLD, 4)
     progressing = steps[-1].conditions["Progressing"]
     assert progressing.reason == "BudgetBlocksRollout"
-    assert "With gpuBudget 6" in progressing.message
+    # one EP instance beside the old pools (the D pool is the same pool, resized in place)
+    assert "With gpuBudget 5" in progressing.message
     assert steps[-1].conditions["Ready"].status == "True"
 
 
@@ -344,3 +350,44 @@ def test_heuristic_plan_small_budgets_and_shift() -> None:
     a = WorkloadStats(100, 1.0, 100.0, 1.0, 100.0)
     assert workload_shift_percent(a, a) == 0
     assert workload_shift_percent(a, WorkloadStats(100, 1.5, 100.0, 1.0, 100.0)) == 50
+
+
+def test_a_count_change_resizes_pools_in_place_without_a_switch() -> None:
+    """The defect: a pool's replica count was in its name, so 2 -> 4 P instances started a
+    new pool of 4 beside the old 2 (6 P GPUs held until the old drained) and switched the
+    router to it; 4 -> 1 did the same the other way. Now the pool keeps its name: it grows
+    within the budget, shrinks at once (its removed instances drain), routing never moves."""
+    cluster = FakeCluster()
+    run(cluster, OLD, budget=8, steps=3)
+    before = set(cluster.pools)
+    wider = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 4, Role.D: 1})
+    history: list[Step] = []
+    grown = run(cluster, wider, budget=8, steps=3, history=history)
+    assert set(cluster.pools) == before and cluster.routing == frozenset(before)
+    p_pool = next(p for p in r.pool_specs(make_owner(), wider) if p.role == Role.P)
+    assert cluster.pools[p_pool.name].replicas == 4
+    assert max(sum(p.gpus for p in s.pools.values()) for s in history) == 6
+    assert [e.reason for d in grown for e in d.events] == ["ScalingUp"]
+    narrower = Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 1, Role.D: 1})
+    shrunk = run(cluster, narrower, budget=8, steps=3, history=history)
+    assert_never_cuts_service(history)
+    assert set(cluster.pools) == before and cluster.routing == frozenset(before)
+    assert sum(p.gpus for p in cluster.pools.values()) == 3
+    assert [e.reason for d in shrunk for e in d.events] == ["ScalingDown"]
+    assert "3 removed leave routing" in shrunk[0].events[0].message
+    assert all(not d.delete for d in grown + shrunk)
+    assert shrunk[-1].conditions["Progressing"].reason == "RolloutComplete"
+
+
+def test_a_ratio_change_on_a_full_budget_shrinks_first_then_grows() -> None:
+    """1E 2P 1D -> 2E 1P 1D with every GPU in use: the P pool gives one instance back, then
+    the E pool takes it; the budget is never exceeded and every stage stays served."""
+    cluster = FakeCluster()
+    run(cluster, OLD, budget=4, steps=3)
+    history: list[Step] = []
+    flipped = Plan(method=Method.E_P_D, pools={Role.E: 2, Role.P: 1, Role.D: 1})
+    steps = run(cluster, flipped, budget=4, steps=4, history=history)
+    assert_never_cuts_service(history)
+    assert {p.role: p.replicas for p in cluster.pools.values()} == {Role.E: 2, Role.P: 1, Role.D: 1}
+    assert [e.reason for d in steps for e in d.events] == ["ScalingDown", "ScalingUp"]
+    assert steps[-1].conditions["Progressing"].reason == "RolloutComplete"

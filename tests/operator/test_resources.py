@@ -8,7 +8,7 @@ import pytest
 
 from epd_engine.cli import UserError
 from epd_engine.config import Method, Role
-from epd_engine.contracts.plan import Plan
+from epd_engine.contracts.plan import Budgets, Plan
 from epd_operator.kube import manifests as r
 from epd_operator.kube.manifests import Owner
 from tests.operator.conftest import make_owner
@@ -22,8 +22,15 @@ def test_pool_names_are_deterministic_and_change_only_with_their_inputs(owner: O
     assert [p.role for p in first] == [Role.E, Role.P, Role.D]
     assert all(p.name.startswith(f"demo-{p.role.value.lower()}-") for p in first)
     scaled = r.pool_specs(owner, Plan(method=Method.E_P_D, pools={Role.E: 1, Role.P: 3, Role.D: 1}))
-    assert scaled[0].name == first[0].name and scaled[2].name == first[2].name
-    assert scaled[1].name != first[1].name
+    # a count is not in the name: the P pool is resized in place
+    assert [p.name for p in scaled] == [p.name for p in first]
+    assert [p.replicas for p in scaled] == [1, 3, 1]
+    other_budgets = Plan(
+        method=Method.E_P_D,
+        pools=PLAN.pools,
+        budgets={Role.P: Budgets(token_budget=512, image_budget=2)},
+    )
+    assert r.pool_specs(owner, other_budgets)[1].name != first[1].name
     # the image is the pool's pod template (it rolls in place); the cache geometry is not
     other_image = make_owner(engine={"image": "epd-engine:0.2.0"})
     assert [p.name for p in r.pool_specs(other_image, PLAN)] == [p.name for p in first]

@@ -8,8 +8,8 @@ Deployments, so the plan's instance counts and GPUs are unchanged.
 
 To the rollout a group pool is one more pool: its members register with the router under the
 group pool's name, so routing to it, draining it and deleting it go as for any pool, and since
-a slice serves every stage its role is EPD. A changed member (settings, budgets) or slice count
-is a new group pool, brought up beside the old one.
+a slice serves every stage its role is EPD. A changed member (settings, budgets) is a new group
+pool, brought up beside the old one; a changed slice count resizes the group pool in place.
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ def group_slices(owner: Owner, plan: Plan) -> int:
 def group_pool(owner: Owner, plan: Plan, slices: int) -> PoolSpec:
     """The pool of ``slices`` group pods, one member per role of the method."""
     members = plan.method.roles
-    key = {
-        "group": [role_identity(owner.spec, plan, role) for role in members],
-        "replicas": slices,
-    }
+    key = {"group": [role_identity(owner.spec, plan, role) for role in members]}
     ranks = tuple(plan.size_of(role) for role in members)
     gpus = sum(owner.spec.engine.gpus_for(r, n) for r, n in zip(members, ranks, strict=True))
     name = f"{base_name(owner)}-group-{content_digest(key)}"

@@ -4,6 +4,9 @@ The local counterpart of the Kubernetes Deployments (``controller.KubePools``): 
 ``rollout_driver.rollout_pass`` creates, grows and deletes pools through it. A replica is
 Ready once its process is alive and the router lists it (it registered by heartbeat); a
 deleted pool's processes get SIGINT (the engine finishes and exits) and SIGKILL after a grace.
+A pool resized down keeps its Ready and oldest replicas; each one removed gets SIGTERM, as a
+pod scaled away does, and drains (leaves routing, finishes what it holds, exits); it keeps
+its GPU until it has exited, and is killed if it outlives ``leave_grace_s``.
 """
 
 from __future__ import annotations
@@ -100,17 +103,35 @@ class StartupTimeline:
     ready: float | None
 
 
+@dataclass(frozen=True)
+class _Leaving:
+    """A replica a resize removed, draining until it exits."""
+
+    replica: _Replica
+    kill_at: float  # monotonic: SIGKILL if still alive then
+
+
 @dataclass
 class _Pool:
-    role: Role
-    gpus_per_instance: int
+    spec: PoolSpec  # as last applied: what a restarted replica starts with
     replicas: list[_Replica] = field(default_factory=list)
+    leaving: list[_Leaving] = field(default_factory=list)
+
+    def taken_ids(self) -> set[str]:
+        return {r.instance_id for r in self.replicas} | {
+            x.replica.instance_id for x in self.leaving
+        }
 
 
 class LocalPools:
-    def __init__(self, engines: LocalEngines, stop_grace_s: float = 15.0) -> None:
+    def __init__(
+        self, engines: LocalEngines, stop_grace_s: float = 15.0, leave_grace_s: float = 60.0
+    ) -> None:
+        """``leave_grace_s``: how long a replica removed by a resize may drain (the engine's
+        own ``--drain-timeout`` is 30 s) before it is killed."""
         self.engines = engines
         self.stop_grace_s = stop_grace_s
+        self.leave_grace_s = leave_grace_s
         self.pools: dict[str, _Pool] = {}
         # Budgets an instance searched against the SLO at start (HydraInfer), per role and
         # engine settings (model, device, flags, SLO): later instances of that role with the
@@ -120,6 +141,7 @@ class LocalPools:
     # --- PoolBackend -------------------------------------------------------------------------
 
     def observe_pools(self) -> dict[str, ObservedPool]:
+        self._reap_leaving()
         registered = self._registered()
         out = {}
         for name, pool in self.pools.items():
@@ -130,27 +152,63 @@ class LocalPools:
                     if rep.ready is None:
                         self._first_seen_ready(rep)
             n = len(pool.replicas)
-            out[name] = ObservedPool(name, pool.role, n, ready, n * pool.gpus_per_instance)
+            holding = (n + len(pool.leaving)) * pool.spec.gpus_per_instance  # leaving: till exit
+            out[name] = ObservedPool(name, pool.spec.role, n, ready, holding)
         return out
 
     def apply_pool(self, pool: PoolSpec) -> None:
-        state = self.pools.setdefault(pool.name, _Pool(pool.role, pool.gpus_per_instance))
+        state = self.pools.setdefault(pool.name, _Pool(pool))
+        state.spec = pool
         while len(state.replicas) < pool.replicas:
-            instance_id = f"{pool.name}-{len(state.replicas)}"
-            state.replicas.append(self._start(pool, instance_id))
+            state.replicas.append(self._start(pool, _free_instance_id(pool.name, state)))
+        if len(state.replicas) > pool.replicas:
+            self._remove(state, len(state.replicas) - pool.replicas)
 
     def delete_pool(self, name: str) -> None:
         pool = self.pools.pop(name, None)
         if pool is not None:
-            self._stop([r.popen for r in pool.replicas])
-            self._release([r.instance_id for r in pool.replicas])
+            replicas = _all_replicas(pool)
+            self._stop([r.popen for r in replicas])
+            self._release([r.instance_id for r in replicas])
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def stop_all(self) -> None:
-        self._stop([r.popen for pool in self.pools.values() for r in pool.replicas])
-        self._release([r.instance_id for pool in self.pools.values() for r in pool.replicas])
+        replicas = [r for pool in self.pools.values() for r in _all_replicas(pool)]
+        self._stop([r.popen for r in replicas])
+        self._release([r.instance_id for r in replicas])
         self.pools.clear()
+
+    def leaving(self) -> list[str]:
+        """Replicas removed by a resize that have not exited yet."""
+        self._reap_leaving()
+        return [x.replica.instance_id for pool in self.pools.values() for x in pool.leaving]
+
+    def _remove(self, pool: _Pool, count: int) -> None:
+        """Take ``count`` replicas out of ``pool``: those not Ready first, then the newest
+        (as a ReplicaSet picks pods to delete); each gets SIGTERM and drains."""
+        by_keep = sorted(pool.replicas, key=lambda r: (r.ready is None, r.spawned))
+        removed = by_keep[len(by_keep) - count :]
+        pool.replicas = [r for r in pool.replicas if r not in removed]
+        kill_at = time.monotonic() + self.leave_grace_s
+        for rep in removed:
+            if rep.popen.poll() is None:
+                os.kill(rep.popen.pid, signal.SIGTERM)  # the leader only: it drains its ranks
+            pool.leaving.append(_Leaving(rep, kill_at))
+
+    def _reap_leaving(self) -> None:
+        """Forget removed replicas that exited (their GPU is free again); kill the ones that
+        outlived ``leave_grace_s``."""
+        now = time.monotonic()
+        for pool in self.pools.values():
+            for x in list(pool.leaving):
+                popen = x.replica.popen
+                if popen.poll() is None and now >= x.kill_at:
+                    os.killpg(popen.pid, signal.SIGKILL)
+                    popen.wait()
+                if popen.poll() is not None:
+                    pool.leaving.remove(x)
+                    self._release([x.replica.instance_id])
 
     def dead(self) -> list[str]:
         """Instances whose process exited on its own."""
@@ -165,17 +223,16 @@ class LocalPools:
         """Start again every replica whose process exited on its own (what a Deployment's
         ReplicaSet does); returns their instance ids."""
         restarted = []
-        for name, pool in self.pools.items():
-            spec = PoolSpec(name, pool.role, len(pool.replicas), pool.gpus_per_instance)
+        for pool in self.pools.values():
             for i, rep in enumerate(pool.replicas):
                 if rep.popen.poll() is not None:
-                    pool.replicas[i] = self._start(spec, rep.instance_id)
+                    pool.replicas[i] = self._start(pool.spec, rep.instance_id)
                     restarted.append(rep.instance_id)
         return restarted
 
     def pids(self) -> list[int]:
-        """Every replica's process (each leads its own process group)."""
-        return [r.popen.pid for pool in self.pools.values() for r in pool.replicas]
+        """Every replica's process, leaving ones included (each leads its process group)."""
+        return [r.popen.pid for pool in self.pools.values() for r in _all_replicas(pool)]
 
     def timelines(self) -> list[StartupTimeline]:
         """Every current replica's start-up timeline."""
@@ -242,7 +299,7 @@ class LocalPools:
     def instances(self) -> list[dict[str, object]]:
         """Every current replica, as the state file lists them."""
         return [
-            {"name": r.instance_id, "role": pool.role.value, "pool": name, "url": r.url,
+            {"name": r.instance_id, "role": pool.spec.role.value, "pool": name, "url": r.url,
              "port": int(r.url.rsplit(":", 1)[1]), "pid": r.popen.pid}
             for name, pool in self.pools.items()
             for r in pool.replicas
@@ -301,3 +358,16 @@ class LocalPools:
             return {i["instance_id"] for p in pools.values() for i in p["instances"]}
         except (httpx.HTTPError, ValueError, KeyError):
             return set()
+
+
+def _all_replicas(pool: _Pool) -> list[_Replica]:
+    return [*pool.replicas, *(x.replica for x in pool.leaving)]
+
+
+def _free_instance_id(pool_name: str, pool: _Pool) -> str:
+    """The lowest ``<pool>-<i>`` no replica of the pool uses, a leaving one included (its
+    routers still know it by that id until it has drained)."""
+    taken = pool.taken_ids()
+    return next(
+        f"{pool_name}-{i}" for i in range(len(taken) + 1) if f"{pool_name}-{i}" not in taken
+    )

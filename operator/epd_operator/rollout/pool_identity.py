@@ -1,10 +1,17 @@
 """Which pools a plan asks for, under names that say what they run.
 
-A pool's name is ``<deployment>-<role>-<hash>``, the hash over everything that makes two pools
-interchangeable (role, replicas, model, SLO, budgets, the engine's cache geometry and transfer
+A pool's name is ``<deployment>-<role>-<hash>``, the hash over everything that makes two
+instances interchangeable (role, model, SLO, budgets, the engine's cache geometry and transfer
 backend, the role's GPU count and type): the same plan always names the same pools, so a
-re-applied plan changes nothing and a changed one starts new pools beside the old (the
-rollout's new-pools-first order). Both backends name pools here.
+re-applied plan changes nothing, a changed one starts new pools beside the old (the rollout's
+new-pools-first order), and one that changes only how many instances a role has resizes that
+role's pool in place (its added instances join, its removed ones drain). Both backends name
+pools here.
+
+The replica count was once part of the hash: every scale event then started a whole new pool
+beside the old and held both until the old drained, so an elastic fleet held up to twice its
+GPUs at each step (``make bench-elastic``: 1.02x the GPU-hours of a static fleet at its
+maximum). Upgrading past that change renames every pool once (one ordinary rollout).
 
 What is left out may differ between two pods of one pool for a while: the image, arguments,
 environment, volumes, placement, CPU and memory, the router's address. A change to them is a
@@ -118,9 +125,10 @@ def role_identity(spec: EPDDeploymentSpec, plan: Plan, role: Role) -> dict[str, 
 
 
 def pool_spec(owner: Owner, plan: Plan, role: Role, replicas: int) -> PoolSpec:
-    """A pool of ``replicas`` instances of ``role`` under its deterministic name."""
-    key = {"replicas": replicas, **role_identity(owner.spec, plan, role)}
-    name = f"{base_name(owner)}-{role.value.lower()}-{content_digest(key)}"
+    """A pool of ``replicas`` instances of ``role`` under its deterministic name, which does
+    not depend on ``replicas``."""
+    digest = content_digest(role_identity(owner.spec, plan, role))
+    name = f"{base_name(owner)}-{role.value.lower()}-{digest}"
     ranks = plan.size_of(role)
     return PoolSpec(name, role, replicas, owner.spec.engine.gpus_for(role, ranks), ranks=(ranks,))
 

@@ -6,7 +6,10 @@ that exist and what every router replica answered this pass, and returns what to
 converges, and at every step every stage (encode, prefill, decode) has a Ready pool the
 routers send requests to:
 
-1. create the plan's missing pools next to the old ones, as far as the GPU budget allows;
+1. create the plan's missing pools next to the old ones, as far as the GPU budget allows; a
+   pool the plan keeps with another count (its name does not change with it) is resized in
+   place: grown within the budget, shrunk at once (the instances removed drain themselves:
+   they leave routing, finish what they hold and exit, ``api/draining.py``);
 2. when every pool of the plan is Ready at full size, route to exactly those pools;
 3. when the budget cannot hold old and new pools together, go in steps: start what fits of
    the new pools (a pool may start with fewer replicas and grow), route to them next to the
@@ -95,6 +98,7 @@ class Event:
 @dataclass
 class Decision:
     scale: dict[str, PoolSpec] = field(default_factory=dict)  # pools to create or grow
+    shrink: dict[str, int] = field(default_factory=dict)  # pools of the plan resized down
     replicas: dict[str, int] = field(default_factory=dict)  # every new pool's size this step
     route_to: frozenset[str] = frozenset()
     delete: list[str] = field(default_factory=list)
@@ -190,6 +194,12 @@ def rollout_step(
     # 1. create or grow new pools within the budget
     d.scale, sizes = _grow(desired, obs, gpu_budget - gpus_in_use)
     d.replicas = {name: n for name, n in sizes.items() if n > 0}
+    d.shrink = {
+        p.name: p.replicas
+        for p in desired
+        if p.name in obs.pools and obs.pools[p.name].replicas > p.replicas
+    }
+    d.events.extend(_resize_events(d, obs))
 
     # 2. the routing target: the whole plan once complete; else the old pools (blue/green), or
     #    in steps when the budget forces it; never a set that leaves a stage unserved
@@ -303,6 +313,28 @@ def rollout_step(
         ),
     )
     return d
+
+
+def _resize_events(d: Decision, obs: Observed) -> list[Event]:
+    """One event per pool of the plan resized in place this pass."""
+    events = []
+    for name, pool in sorted(d.scale.items()):
+        if name in obs.pools:
+            was = obs.pools[name].replicas
+            events.append(
+                Event("Normal", "ScalingUp", f"Pool {name}: {was} -> {pool.replicas} instances")
+            )
+    for name, n in sorted(d.shrink.items()):
+        was = obs.pools[name].replicas
+        events.append(
+            Event(
+                "Normal",
+                "ScalingDown",
+                f"Pool {name}: {was} -> {n} instances; the {was - n} removed leave routing "
+                "and finish their requests before they exit",
+            )
+        )
+    return events
 
 
 @dataclass(frozen=True)
