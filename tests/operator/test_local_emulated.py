@@ -43,11 +43,15 @@ def manifest(tmp_path: Path, name: str, method: str, pools: dict[str, int]) -> P
     return path
 
 
-def test_up_emulate_serves_the_openai_client_through_the_router(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "costs", [str(COST_MODEL), "reference:gemma3-4b"], ids=["file", "reference"]
+)
+def test_up_emulate_serves_the_openai_client_through_the_router(tmp_path: Path, costs: str) -> None:
+    """A cost model file, or a built-in reference by name (no file to find)."""
     runs, models = tmp_path / "runs", tmp_path / "models"
     file = manifest(tmp_path, "emu", "EPD", {"EPD": 1})
     common = ["--runs-dir", str(runs), "--models-dir", str(models)]
-    up = epdctl("up", "-f", str(file), "--emulate", str(COST_MODEL), "--port", str(free_port()),
+    up = epdctl("up", "-f", str(file), "--emulate", costs, "--port", str(free_port()),
                 "--detach", "--timeout", "60", *common)  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -66,7 +70,7 @@ def test_up_emulate_serves_the_openai_client_through_the_router(tmp_path: Path) 
         (instance,) = state["instances"]
         ready = httpx.get(f"{instance['url']}/health/ready").json()
         assert ready["model"] == "llava-1.5-7b-emulated"
-        assert ready["emulated"]["cost_model"] == str(COST_MODEL)
+        assert ready["emulated"]["cost_model"] == costs
     finally:
         epdctl("down", "emu", "--runs-dir", str(runs))
     assert not models.exists()  # no checkpoint was made

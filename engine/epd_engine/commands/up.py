@@ -26,16 +26,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--cost-model",
         type=Path,
-        help="cost model JSON (from `epdctl profile-costs`) the reconcile loop plans with; "
-        "default: the built-in reference (LLaVA-1.5-7B on an H800-class GPU)",
+        help="cost model JSON (from `epdctl profile-costs`) the reconcile loop plans with, or "
+        "reference[:MODEL] (a built-in synthetic one); default: the built-in reference "
+        "(LLaVA-1.5-7B on an H800-class GPU)",
     )
     up.add_argument(
         "--emulate",
         metavar="COST_MODEL",
         type=Path,
         help="run every instance emulated (`epdctl serve --emulate`): times from this cost "
-        "model, no torch, no weights, no checkpoint made; the model is served as NAME-emulated "
-        "and the loop plans with this cost model unless --cost-model is given",
+        "model (a JSON file, or reference[:MODEL] for a built-in synthetic one), no torch, no "
+        "weights, no checkpoint made; the model is served as NAME-emulated and the loop plans "
+        "with this cost model unless --cost-model is given",
     )
     up.add_argument("--port", type=int, default=8080, help="router port on 127.0.0.1")
     up.add_argument("--model-dir", type=Path, help="checkpoint directory (overrides the source)")

@@ -1,4 +1,5 @@
-"""The cost model local mode plans with: ``epdctl up --cost-model FILE``.
+"""The cost model local mode plans with: ``epdctl up --cost-model FILE`` (or
+``reference[:MODEL]``, one of the built-in synthetic references).
 
 In a cluster the operator reads ``spec.profiler.costModel`` from a ConfigMap
 (``controller._cost_model``); ``epdctl up`` has no cluster, so it takes the JSON file that
@@ -15,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from epd_engine.profiler.cost_model import FittedCostModel, config_fingerprint, load_cost_model
+from epd_engine.profiler.cost_model import FittedCostModel, config_fingerprint
+from epd_engine.profiler.reference import named_cost_model
 from epd_operator.planning.planner import CostSource, reference_cost
 
 
@@ -38,9 +40,10 @@ def describe(model: FittedCostModel, where: str) -> str:
 
 
 def file_cost_source(path: Path) -> CostSource:
-    """A cost source over the model in ``path``, read now; ValueError naming the file when it
-    cannot be read or is not a cost model."""
-    model = load_cost_model(path)
+    """A cost source over the model in ``path`` (or ``reference[:MODEL]``, a built-in
+    synthetic one), read now; ValueError naming the file when it cannot be read or is not a
+    cost model."""
+    model = named_cost_model(path)
     label = describe(model, str(path))
     return lambda: (model, label)
 
