@@ -86,9 +86,11 @@ def manifest(max_gpus: int, ttft_s: float, tpot_s: float, minutes: float) -> str
 
 
 def held(status: LocalStatus) -> dict[str, int]:
+    """Instances per role that hold a GPU: every pool's replicas and those still draining."""
     out: dict[str, int] = {}
     for pool in status.pools.values():
-        out[pool["role"]] = out.get(pool["role"], 0) + int(pool["replicas"])
+        count = int(pool["replicas"]) + int(pool.get("leaving", 0))
+        out[pool["role"]] = out.get(pool["role"], 0) + count
     return out
 
 

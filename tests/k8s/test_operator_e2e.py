@@ -86,8 +86,9 @@ def observe_rollout(
         deps = apps.list_namespaced_deployment(
             ns, label_selector="app.kubernetes.io/component=engine"
         )
+        # serving: a Ready pod (a pool resized in place serves while it grows)
         return {
-            d.metadata.name: (d.status.ready_replicas or 0) >= d.spec.replicas
+            d.metadata.name: (d.status.ready_replicas or 0) >= min(1, d.spec.replicas)
             for d in deps.items
             if d.metadata.deletion_timestamp is None
         }

@@ -184,6 +184,10 @@ class LocalPools:
         self._reap_leaving()
         return [x.replica.instance_id for pool in self.pools.values() for x in pool.leaving]
 
+    def leaving_by_pool(self) -> dict[str, int]:
+        """How many replicas of each pool a resize removed that still drain (as last reaped)."""
+        return {name: len(pool.leaving) for name, pool in self.pools.items() if pool.leaving}
+
     def _remove(self, pool: _Pool, count: int) -> None:
         """Take ``count`` replicas out of ``pool``: those not Ready first, then the newest
         (as a ReplicaSet picks pods to delete); each gets SIGTERM and drains."""

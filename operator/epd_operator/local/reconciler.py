@@ -208,15 +208,23 @@ class LocalReconciler:
             phase=conditions["Progressing"][1],
             conditions=conditions,
             active_pools=sorted(self.state.active_pools),
-            pools={
-                p.name: {"role": p.role.value, "replicas": p.replicas, "ready": p.ready}
-                for p in self.pools.observe_pools().values()
-            },
+            pools=self._pool_status(),
             cost_model=self.cost_label,
             decision=None
             if self.memory.decision is None
             else self.memory.decision.model_dump(mode="json", by_alias=True),
         )
+
+    def _pool_status(self) -> dict[str, dict[str, object]]:
+        """Each pool's role, replicas and Ready ones, and those a resize removed that still
+        drain (``leaving``: they hold their GPU until they exit)."""
+        observed = self.pools.observe_pools()
+        leaving = self.pools.leaving_by_pool()
+        return {
+            p.name: {"role": p.role.value, "replicas": p.replicas, "ready": p.ready,
+                     "leaving": leaving.get(p.name, 0)}
+            for p in observed.values()
+        }  # fmt: skip
 
     def restart_dead(self) -> list[str]:
         return self.pools.restart_dead()
