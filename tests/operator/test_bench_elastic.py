@@ -88,3 +88,25 @@ def test_the_summary_of_a_tiny_run() -> None:
     first = made[0]
     assert first["predicted_goodput_rps"] == "3.00" and first["window_s"] == 10
     assert first["offered_rps"] == 0.3 and first["measured_goodput_rps"] == 0.1
+
+
+def test_draining_instances_count_as_held_gpus() -> None:
+    """A pool shrunk in place still holds the GPUs of the replicas it removed until they have
+    drained and exited: the GPU-hours must count them (or a scale-down would look free)."""
+    from benchmarks.bench_elastic import held
+    from epd_operator.local.reconciler import LocalStatus
+
+    status = LocalStatus(
+        plan="E+P+D 1E1P1D",
+        revision=3,
+        reason="",
+        phase="RolloutComplete",
+        conditions={},
+        active_pools=["e", "p", "d"],
+        pools={
+            "e": {"role": "E", "replicas": 1, "ready": 1, "leaving": 0},
+            "p": {"role": "P", "replicas": 1, "ready": 1, "leaving": 2},
+            "d": {"role": "D", "replicas": 1, "ready": 1},
+        },
+    )
+    assert held(status) == {"E": 1, "P": 3, "D": 1}
