@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from epd_engine.api.auth import internal_headers
+from epd_engine.api.tokens import internal_headers
 from epd_engine.config import Method, Role
 from epd_engine.contracts.plan import Plan
 from epd_operator.kube import manifests as r

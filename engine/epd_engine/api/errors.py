@@ -1,4 +1,4 @@
-"""Every error leaves the server in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+"""Every error leaves a FastAPI server in OpenAI's shape (``api/error_shape.py``)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from epd_engine.api.error_shape import error_body, validation_message
 from epd_engine.contracts.errors import ClientError
 
 log = logging.getLogger(__name__)
-
-
-def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None):
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return "request body is not valid JSON", None
-    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -36,7 +24,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc.errors())
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
     @app.exception_handler(HTTPException)

@@ -13,7 +13,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from epd_engine.api.errors import error_body
+from epd_engine.api.error_shape import error_body
 from epd_engine.contracts.errors import ClientError
 
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024  # a few base64 images of the default size

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from epd_engine.api.auth import TOKEN_HEADER, internal_headers
 from epd_engine.api.logprobs import logprob_content
+from epd_engine.api.tokens import TOKEN_HEADER, internal_headers
 from epd_engine.contracts.request_owner import owner_of
 from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_directory import RouterDirectory

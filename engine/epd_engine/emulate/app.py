@@ -1,4 +1,5 @@
-"""``create_emulated_app(settings)``: an emulated instance's FastAPI app (no torch)."""
+"""``create_emulated_app(settings)``: an emulated instance's app (no torch, no FastAPI:
+``emulate/http.py`` says why)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,23 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
-from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
-from epd_engine.api.errors import install_error_handlers
 from epd_engine.config import SLO, Role, internal_token
 from epd_engine.contracts.plan import Budgets
 from epd_engine.emulate import EMULATED_NOTE, emulated_name, router_side
 from epd_engine.emulate.costs import EmulatedCosts
 from epd_engine.emulate.engine import EmulatedEngine
+from epd_engine.emulate.http import EXCEPTION_HANDLERS, route
 from epd_engine.emulate.instance_metrics import InstanceMetrics
 from epd_engine.emulate.loop import EmulatedLoop
+from epd_engine.emulate.migration import ROUTES as MIGRATION_ROUTES
 from epd_engine.emulate.migration import EmulatedMigration
-from epd_engine.emulate.migration import router as migration_routes
+from epd_engine.emulate.routes import ROUTES as OPENAI_ROUTES
 from epd_engine.emulate.routes import EmulatedState
-from epd_engine.emulate.routes import router as openai_router
 from epd_engine.engine import startup
 from epd_engine.metrics import Metrics
 
@@ -39,14 +42,14 @@ class EmulatedSettings:
     instance_id: str = ""
 
 
-def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
+def create_emulated_app(settings: EmulatedSettings) -> Starlette:
     # built here, not in the lifespan: a bad cost model or an SLO no batch meets fails the
     # command at once, with its message
     engine = EmulatedEngine(settings.role, settings.costs, settings.slo, settings.budgets)
     startup.mark("budgets")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         name = emulated_name(settings.model_name)
         metrics = Metrics(name, settings.role.value, settings.pool)
         loop = EmulatedLoop(engine, InstanceMetrics(metrics, engine))
@@ -75,23 +78,13 @@ def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
                     await state.link.stop()
                 await loop.stop()
 
-    app = FastAPI(title="EPD emulated instance", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.openapi_url = None
-    install_error_handlers(app)
-    app.include_router(openai_router)
-    app.include_router(router_side.router)
-    app.include_router(migration_routes)
-
-    @app.get("/health/live")
-    async def live() -> dict[str, str]:
+    async def live(_: Request) -> dict[str, str]:
         return {"status": "alive"}
 
-    @app.get("/health/ready")
-    async def ready(request: Request, response: Response) -> dict[str, object]:
+    async def ready(request: Request) -> dict[str, object] | Response:
         state: EmulatedState | None = getattr(request.app.state, "emulated", None)
         if state is None or not state.ready:
-            response.status_code = 503
-            return {"status": "starting"}
+            return JSONResponse({"status": "starting"}, 503)
         budgets = engine.budgets
         return {
             "status": "ready",
@@ -102,9 +95,16 @@ def create_emulated_app(settings: EmulatedSettings) -> FastAPI:
             "budgets": {"token_budget": budgets.token_budget, "image_budget": budgets.image_budget},
         }
 
-    @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         state: EmulatedState = request.app.state.emulated
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    routes = [
+        *OPENAI_ROUTES,
+        *router_side.ROUTES,
+        *MIGRATION_ROUTES,
+        route("/health/live", live),
+        route("/health/ready", ready),
+        route("/metrics", metrics),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)

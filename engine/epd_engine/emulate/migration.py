@@ -27,9 +27,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, Depends, Request
+from starlette.requests import Request
+from starlette.routing import Route
 
-from epd_engine.api.auth import require_token
 from epd_engine.config import Stage
 from epd_engine.contracts.affinity import PrefixAffinity
 from epd_engine.contracts.errors import ClientError
@@ -38,6 +38,7 @@ from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.offers import send_offer, stage_targets
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.engine import EmulatedEngine
+from epd_engine.emulate.http import route
 from epd_engine.emulate.instance_metrics import InstanceMetrics
 from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.emulate.relay import announce, start_relay
@@ -244,9 +245,6 @@ def _tokens_moved(task: PullTask, engine: EmulatedEngine) -> int:
     return sum(request.images[index].num_tokens for index in task.image_blocks)
 
 
-router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
-
-
 def _migration(request: Request) -> EmulatedMigration:
     migration: EmulatedMigration | None = request.app.state.emulated.migration
     if migration is None:
@@ -254,8 +252,7 @@ def _migration(request: Request) -> EmulatedMigration:
     return migration
 
 
-@router.post("/migrations")
-async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
+async def offer(request: Request, offer: MigrationOffer) -> dict[str, str]:
     try:
         _migration(request).accept(offer)
     except ValueError as exc:  # could never fit here: the source offers it elsewhere
@@ -263,7 +260,12 @@ async def offer(offer: MigrationOffer, request: Request) -> dict[str, str]:
     return {"status": "queued"}
 
 
-@router.post("/migrations/{request_id}/release")
-async def release(request_id: str, request: Request) -> dict[str, str]:
-    _migration(request).release(request_id)
+async def release(request: Request) -> dict[str, str]:
+    _migration(request).release(request.path_params["request_id"])
     return {"status": "released"}
+
+
+ROUTES: list[Route] = [
+    route("/internal/migrations", offer, "POST", body=MigrationOffer, internal=True),
+    route("/internal/migrations/{request_id}/release", release, "POST", internal=True),
+]

@@ -5,10 +5,10 @@ abort routes; each request's events go on the link's event stream (``relay.py``)
 from __future__ import annotations
 
 import httpx
-from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.routing import Route
 
-from epd_engine.api.auth import require_token
 from epd_engine.api.protocol import ChatCompletionRequest
 from epd_engine.cache.trace_blocks import TRACE_BLOCK_TOKENS, trace_hash_ids
 from epd_engine.config import Role, internal_token, placement_group
@@ -18,14 +18,13 @@ from epd_engine.contracts.routing_policy import InstanceLoad
 from epd_engine.disagg.router_directory import RouterDirectory, split_urls
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate.engine import EmulatedEngine
+from epd_engine.emulate.http import route
 from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.emulate.prompts import chat_request
 from epd_engine.emulate.relay import start_relay
 from epd_engine.emulate.tokens import token_text
 from epd_engine.engine.health import EngineHealth
 from epd_engine.transfer.messages import Routing
-
-router = APIRouter(prefix="/internal", dependencies=[Depends(require_token)])
 
 
 class LoadSource:
@@ -67,8 +66,7 @@ class AbortRequest(BaseModel):
     attempt: int
 
 
-@router.post("/requests")
-async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
+async def submit(request: Request, payload: SubmitRequest) -> dict[str, object]:
     state = request.app.state.emulated
     link: RouterLink | None = state.link
     if link is None:
@@ -110,8 +108,8 @@ async def submit(payload: SubmitRequest, request: Request) -> dict[str, object]:
     }
 
 
-@router.post("/requests/{router_request_id}/abort")
-async def abort(router_request_id: str, body: AbortRequest, request: Request) -> dict[str, bool]:
+async def abort(request: Request, body: AbortRequest) -> dict[str, bool]:
+    router_request_id = request.path_params["router_request_id"]
     task = request.app.state.emulated.relays.get(f"{router_request_id}-{body.attempt}")
     if task is None:
         return {"aborted": False}
@@ -119,3 +117,10 @@ async def abort(router_request_id: str, body: AbortRequest, request: Request) ->
     metrics = request.app.state.emulated.metrics
     metrics.requests.labels(**metrics.labels, outcome="aborted").inc()
     return {"aborted": True}
+
+
+ROUTES: list[Route] = [
+    route("/internal/requests", submit, "POST", body=SubmitRequest, internal=True),
+    route("/internal/requests/{router_request_id}/abort", abort, "POST", body=AbortRequest,
+          internal=True),
+]  # fmt: skip

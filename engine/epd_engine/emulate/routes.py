@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from epd_engine.api.protocol import (
     SSE_DONE,
@@ -27,6 +28,7 @@ from epd_engine.config import SLO
 from epd_engine.contracts.errors import ClientError, ModelNotFound
 from epd_engine.disagg.router_link import RouterLink
 from epd_engine.emulate import EMULATED_NOTE
+from epd_engine.emulate.http import route
 from epd_engine.emulate.loop import EmulatedLoop
 from epd_engine.emulate.prompts import chat_request
 from epd_engine.emulate.tokens import token_text
@@ -36,8 +38,6 @@ from epd_engine.scheduler import RequestEvent
 
 if TYPE_CHECKING:
     from epd_engine.emulate.migration import EmulatedMigration
-
-router = APIRouter()
 
 
 @dataclass
@@ -57,7 +57,6 @@ def _state(request: Request) -> EmulatedState:
     return state
 
 
-@router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, object]:
     state = _state(request)
     capacity = state.loop.engine.capacity
@@ -73,8 +72,7 @@ async def list_models(request: Request) -> dict[str, object]:
     return {"object": "list", "data": [model]}
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     state = _state(request)
     if body.model != state.model_name:
         raise ModelNotFound(
@@ -111,6 +109,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     usage = token_usage(engine_request.num_prompt_tokens, len(texts))
     answer = chat_response(request_id, body.model, "".join(texts), final.finish_reason, usage)
     return json_answer(answer)
+
+
+ROUTES: list[Route] = [
+    route("/v1/models", list_models),
+    route("/v1/chat/completions", chat_completions, "POST", body=ChatCompletionRequest),
+]
 
 
 async def _sse(

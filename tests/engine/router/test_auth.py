@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from epd_engine.api.auth import DEPLOYMENT_HEADER, TOKEN_HEADER
+from epd_engine.api.tokens import DEPLOYMENT_HEADER, TOKEN_HEADER
 from epd_engine.bench.static_system import LaunchSpec, LocalSystem
 from epd_engine.config import Method, internal_token
 from epd_engine.contracts.plan import Plan
