@@ -118,3 +118,24 @@ def test_the_horizon_is_the_last_measured_switch_else_the_default() -> None:
     assert switch_seconds(True, {"a", "b"}, ["a", "b"], t0, later) == 42.0
     assert switch_seconds(True, {"a"}, ["a", "b"], t0, later) is None  # a step, not the plan
     assert switch_seconds(False, {"a", "b"}, ["a", "b"], t0, later) is None
+
+
+def test_traffic_that_starts_inside_the_window_is_not_projected_as_a_steep_ramp() -> None:
+    """The defect: sub-windows of 0, 0, then about 1 rps (the window reaching back before the
+    traffic began) made a steep trend line: the real-engine test forecast 58 rps two minutes
+    ahead for a level 2.5 rps and sized the most instances allowed (``make bench-elastic``
+    sized 13 GPUs for 3.3 rps where 0.8 arrived). The projection now at most doubles the
+    newest rate."""
+    step = [0.0, 0.0, 0.9, 1.0, 1.1, 1.0]
+    near = forecast_rates(step, 10.0, seen_rps=0.67, horizon_s=1.0, hold_s=60.0)
+    assert not near.capped and near.forecast_rps == pytest.approx(1.27)
+    far = forecast_rates(step, 10.0, seen_rps=0.67, horizon_s=120.0, hold_s=60.0)
+    assert far.trend_rps_per_s == pytest.approx(0.02)  # the line would reach 3.7 rps
+    assert far.forecast_rps == pytest.approx(2.0) and far.capped
+    assert far.rule.startswith("trend, capped at 2x")
+
+
+def test_a_real_ramp_within_the_cap_is_projected_in_full() -> None:
+    rates = [10.0, 12.0, 14.0, 16.0, 18.0, 20.0]
+    got = forecast_rates(rates, BIN_S, seen_rps=15.0, horizon_s=600.0, hold_s=300.0)
+    assert not got.capped and got.forecast_rps == pytest.approx(20.0 + 2.0 / BIN_S * 675.0)
