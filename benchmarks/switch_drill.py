@@ -222,7 +222,11 @@ def converge(
             if not switch.progress or switch.progress[-1] != reason:
                 switch.progress.append(reason)
                 switch.progress_at_s.append(round(time.monotonic() - switch.decided_s, 2))
-            if outcome.switched and state.active_pools == {p.name for p in desired}:
+            routed = state.active_pools == {p.name for p in desired}
+            # serving: the switch to the new pools confirmed; a pool resized in place needs
+            # no switch, so its new plan serves once its added replicas are all Ready
+            resized = reason == "RolloutComplete" and switch.serving_s is None
+            if routed and (outcome.switched or resized):
                 switch.serving_s = time.monotonic()
                 switch.started = [t for t in pools.timelines() if t.spawned >= switch.decided_wall]
         if reason == "RolloutComplete":
