@@ -13,18 +13,17 @@ cost model (``serve --emulate reference``), four clients asking all the while.
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import httpx
-import openai
 
 from epd_engine.config import Role
 from epd_operator.local.pools import LocalEngines, LocalPools
 from epd_operator.rollout.pool_identity import PoolSpec
+from tests.chat_clients import AskingClients
 from tests.processes import free_port, running
 
 MODEL = "llava-1.5-7b"
@@ -60,32 +59,15 @@ def test_a_pool_shrinks_by_draining_and_grows_without_reusing_a_leaving_id(
     router_args = ["router", "--model", f"{MODEL}-emulated", "--port", str(router_port)]
     engines = LocalEngines(Path("unused"), MODEL, url, tmp_path, token, emulate=Path("reference"))
     pools = LocalPools(engines)
-    outcomes: list[str] = []
-    stop = threading.Event()
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def ask_until_stopped() -> None:
-        while not stop.is_set():
-            try:
-                answer = client.chat.completions.create(
-                    model=f"{MODEL}-emulated",
-                    messages=[{"role": "user", "content": "Tell me about rivers."}],
-                    max_tokens=MAX_TOKENS,
-                )
-                got = answer.usage.completion_tokens if answer.usage else 0
-                outcomes.append("ok" if got == MAX_TOKENS else f"short: {got}")
-            except Exception as exc:
-                outcomes.append(f"failed: {exc!r}")
+    clients = AskingClients(url, f"{MODEL}-emulated", MAX_TOKENS)
 
     with running(router_args, f"{url}/health/live", tmp_path / "router.log",
                  {"EPD_INTERNAL_TOKEN": token}):  # fmt: skip
-        clients = [threading.Thread(target=ask_until_stopped) for _ in range(4)]
         try:
             pools.apply_pool(_pool(3))
             _until(lambda: pools.observe_pools()["resize-epd-0"].ready == 3, "3 not Ready")
-            for thread in clients:
-                thread.start()
-            _until(lambda: len(outcomes) >= 8, "no answers from three")
+            clients.start()
+            _until(lambda: len(clients.outcomes) >= 8, "no answers from three")
             newest = {"resize-epd-0-1", "resize-epd-0-2"}
             _until(lambda: _held_by(url, token, newest) >= 2, "the two to go held no request")
 
@@ -108,16 +90,13 @@ def test_a_pool_shrinks_by_draining_and_grows_without_reusing_a_leaving_id(
             )
             after = pools.observe_pools()["resize-epd-0"]
             assert (after.replicas, after.gpus) == (2, 2)
-            answered = len(outcomes)
-            _until(lambda: len(outcomes) >= answered + 8, "no answers after the resize")
+            answered = len(clients.outcomes)
+            _until(lambda: len(clients.outcomes) >= answered + 8, "no answers after the resize")
         finally:
-            stop.set()
-            for thread in clients:
-                thread.join(timeout=120)
+            clients.stop()
             pools.stop_all()
-    failed = [o for o in outcomes if o != "ok"]
-    assert not failed, failed
-    print(f"{len(outcomes)} answered, none failed")
+    assert not clients.failed, clients.failed
+    print(f"{len(clients.outcomes)} answered, none failed")
     for gone in leaving:
         log = (tmp_path / "logs" / f"{gone}.log").read_text()
         assert "drained" in log, log[-2000:]  # left through the drain, not killed

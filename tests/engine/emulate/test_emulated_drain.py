@@ -16,13 +16,12 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import openai
 
+from tests.chat_clients import AskingClients
 from tests.processes import free_port, running
 
 MODEL = "llava-1.5-7b-emulated"
@@ -48,23 +47,7 @@ def test_sigterm_under_traffic_fails_and_reroutes_nothing(tmp_path: Path) -> Non
                 "--instance-id", f"emulated-{index}", "--router-url", url,
                 "--drain-timeout", "60", "--log-level", "warning"]  # fmt: skip
 
-    outcomes: list[str] = []
-    stop = threading.Event()
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def ask_until_stopped() -> None:
-        while not stop.is_set():
-            try:
-                answer = client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "Tell me about rivers."}],
-                    max_tokens=MAX_TOKENS,
-                )
-                assert answer.usage is not None
-                got = answer.usage.completion_tokens
-                outcomes.append("ok" if got == MAX_TOKENS else f"short: {got}")
-            except Exception as exc:
-                outcomes.append(f"failed: {exc!r}")
+    clients = AskingClients(url, MODEL, MAX_TOKENS)
 
     with (
         running(router_args, f"{url}/health/live", tmp_path / "router.log", env),
@@ -77,9 +60,7 @@ def test_sigterm_under_traffic_fails_and_reroutes_nothing(tmp_path: Path) -> Non
         while httpx.get(f"{url}/health/ready").status_code != 200:
             assert time.monotonic() < deadline, "no emulated instance registered"
             time.sleep(0.1)
-        clients = [threading.Thread(target=ask_until_stopped) for _ in range(4)]
-        for thread in clients:
-            thread.start()
+        clients.start()
         try:
             deadline = time.monotonic() + 30
             while _held_by(url, VICTIM, token) == 0:  # SIGTERM it while it decodes
@@ -92,12 +73,9 @@ def test_sigterm_under_traffic_fails_and_reroutes_nothing(tmp_path: Path) -> Non
             exited_after_s = time.monotonic() - terminated_s
             time.sleep(2.0)  # traffic goes on with the other instance
         finally:
-            stop.set()
-            for thread in clients:
-                thread.join(timeout=120)
-    failed = [o for o in outcomes if o != "ok"]
-    assert not failed, failed
-    assert len(outcomes) >= held_at_sigterm >= 1
+            clients.stop()
+    assert not clients.failed, clients.failed
+    assert len(clients.outcomes) >= held_at_sigterm >= 1
     router_log = (tmp_path / "router.log").read_text()
     assert "re-routing" not in router_log, router_log[-3000:]
     victim_log = (tmp_path / "0.log").read_text()
