@@ -117,11 +117,6 @@ class _Pool:
     replicas: list[_Replica] = field(default_factory=list)
     leaving: list[_Leaving] = field(default_factory=list)
 
-    def taken_ids(self) -> set[str]:
-        return {r.instance_id for r in self.replicas} | {
-            x.replica.instance_id for x in self.leaving
-        }
-
 
 class LocalPools:
     def __init__(
@@ -371,7 +366,7 @@ def _all_replicas(pool: _Pool) -> list[_Replica]:
 def _free_instance_id(pool_name: str, pool: _Pool) -> str:
     """The lowest ``<pool>-<i>`` no replica of the pool uses, a leaving one included (its
     routers still know it by that id until it has drained)."""
-    taken = pool.taken_ids()
+    taken = {r.instance_id for r in _all_replicas(pool)}
     return next(
         f"{pool_name}-{i}" for i in range(len(taken) + 1) if f"{pool_name}-{i}" not in taken
     )

@@ -3,6 +3,9 @@ run (caches not on CUDA, no CuPy, no NIXL)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import httpx
 import pytest
 import torch
@@ -61,19 +64,26 @@ def test_cpu_settings_keep_their_backends(name: str) -> None:
     assert check_backend(name, "cpu") is None
 
 
-async def test_auto_on_cpu_is_shm_near_and_tcp_far_and_forwards_control_far() -> None:
+@asynccontextmanager
+async def auto_on_cpu() -> AsyncIterator[AutoBackend]:
+    """The backend ``auto`` builds over CPU caches, closed at the end."""
     memory = cache_memory("auto", "cpu")
     regions = SPEC.allocate(memory)
     async with httpx.AsyncClient() as http:
         backend = make_backend(TransferSettings(), memory, regions, Exports(), http, "t")
         try:
             assert isinstance(backend, AutoBackend)
-            assert (backend.near.name, backend.far.name) == ("shm", "tcp")
-            assert set(backend.describe()) == {"shm", "tcp"}
-            with pytest.raises(TransferError, match="tcp backend has no control operation"):
-                await backend.control("connect", {})
+            yield backend
         finally:
             await backend.close()
+
+
+async def test_auto_on_cpu_is_shm_near_and_tcp_far_and_forwards_control_far() -> None:
+    async with auto_on_cpu() as backend:
+        assert (backend.near.name, backend.far.name) == ("shm", "tcp")
+        assert set(backend.describe()) == {"shm", "tcp"}
+        with pytest.raises(TransferError, match="tcp backend has no control operation"):
+            await backend.control("connect", {})
 
 
 def test_nixl_without_nixl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,15 +120,8 @@ async def test_auto_labels_a_peer_by_the_backend_it_uses_before_any_bytes_moved(
     the backend this peer's pages would move by, never under ``auto``. Defect prevented:
     ``test_methods[EP+D-auto]`` saw pulls labelled ``auto`` when the first pull from a
     source found all its pages held."""
-    memory = cache_memory("auto", "cpu")
-    regions = SPEC.allocate(memory)
-    async with httpx.AsyncClient() as http:
-        backend = make_backend(TransferSettings(), memory, regions, Exports(), http, "t")
-        try:
-            assert isinstance(backend, AutoBackend)
-            here = Peer("near-1", "http://x", backend.describe())  # this host's descriptor
-            away = Peer("far-1", "http://y", {"tcp": backend.far.describe()["tcp"]})
-            assert backend.label(here) == "shm"
-            assert backend.label(away) == "tcp"
-        finally:
-            await backend.close()
+    async with auto_on_cpu() as backend:
+        here = Peer("near-1", "http://x", backend.describe())  # this host's descriptor
+        away = Peer("far-1", "http://y", {"tcp": backend.far.describe()["tcp"]})
+        assert backend.label(here) == "shm"
+        assert backend.label(away) == "tcp"
