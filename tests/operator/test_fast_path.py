@@ -49,8 +49,8 @@ def finished(n: int, ttft_s: float = 0.2, tpot_s: float = 0.02, span_s: float = 
     ]
 
 
-def alarms(records: Sequence[TraceRecord], queues=None, before=None) -> list[SloAlarm]:
-    return slo_alarms(records, 20.0, SLO_, 10.0, queues or {}, before)
+def alarms(records: Sequence[TraceRecord], queues=None) -> list[SloAlarm]:
+    return slo_alarms(records, 20.0, SLO_, 10.0, queues or {}, [])
 
 
 def test_no_alarm_when_attainment_is_met_or_too_few_requests() -> None:
@@ -82,15 +82,30 @@ def test_a_tpot_miss_alarms_decode_and_the_worse_miss_comes_first() -> None:
     assert [a.kind for a in alarms(both)] == ["TTFT", "TPOT"]
 
 
-def test_queue_growth_alarms_the_pool_whose_queue_grew() -> None:
-    now = {Role.E: 3.0, Role.P: 5.0, Role.D: 1.0}
-    assert queue_alarms(now, None) == []  # no earlier reading
-    assert queue_alarms(now, {Role.E: 3.0, Role.P: 6.0, Role.D: 0.0}) == []  # none grew past 2
-    (alarm,) = queue_alarms(now, {Role.E: 1.0, Role.P: 6.0, Role.D: 0.0})
-    assert (alarm.kind, alarm.stage) == ("queue", Stage.ENCODE)
-    assert "E queue grew from 1.0 to 3.0" in alarm.reason
+def test_queue_growth_alarms_the_pool_whose_backlog_held_and_grew() -> None:
+    now = {Role.E: 3.0, Role.P: 5.0, Role.D: 2.5}
+    held = {Role.E: 2.0, Role.P: 6.0, Role.D: 2.0}
+    assert queue_alarms(now, []) == []  # no earlier reading
+    assert queue_alarms(now, [held]) == []  # one earlier reading: too few to tell
+    # E and D held at >= 2 and grew; P shrank from 6 to 5
+    e, d = queue_alarms(now, [{Role.E: 2.0, Role.P: 6.0, Role.D: 2.0}, held])
+    assert (e.kind, e.stage, d.stage) == ("queue", Stage.ENCODE, Stage.DECODE)
+    assert "E queue grew from 2.0 to 3.0 waiting requests per instance over the last 3" in e.reason
+
+
+def test_a_burst_between_two_readings_is_not_a_backlog() -> None:
+    """The defect: one reading's jump (0 -> 2 waiting per instance, a Poisson burst at 100 %
+    attainment) alarmed, and the elastic bench's fast path added 9 encoders one at a time."""
+    assert queue_alarms({Role.ED: 2.0}, [{Role.ED: 0.0}, {Role.ED: 0.0}]) == []
+    assert queue_alarms({Role.ED: 3.0}, [{Role.ED: 2.0}, {Role.ED: 0.5}]) == []  # a dip
+    assert queue_alarms({Role.ED: 2.0}, [{Role.ED: 2.0}, {Role.ED: 2.0}]) == []  # not growing
+    # a role the earlier readings lack (a new pool): no alarm yet
+    assert queue_alarms({Role.ED: 4.0}, [{Role.E: 2.0}, {Role.E: 3.0}]) == []
+
+
+def test_the_ep_pool_queue_steps_ep() -> None:
     # an EP pool's queue: encode is its first stage, and EP is the pool that grows
-    (ep,) = queue_alarms({Role.EP: 4.0}, {Role.EP: 2.0})
+    (ep,) = queue_alarms({Role.EP: 4.0}, [{Role.EP: 2.0}, {Role.EP: 3.0}])
     plan = Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1})
     step = fast_step(spec(), plan, [ep])
     assert step is not None and step.after.pools == {Role.EP: 2, Role.D: 1}

@@ -8,8 +8,12 @@ Two sources the loop already reads:
   prefill; prefill on a tie), TPOT attainment under the target alarms decode;
 - the router's **pool table** (``GET /internal/pools``: every instance's heartbeat, with the
   requests waiting in its scheduler), read each pass: a pool whose waiting requests per
-  instance reached ``QUEUE_MIN`` and grew since the previous reading alarms its first stage
-  (a queue that grows means arrivals outrun the pool: the SLO is missed next).
+  instance stayed at ``QUEUE_MIN`` or more for the last ``QUEUE_READINGS`` readings and grew
+  across them alarms its first stage (a backlog that persists and grows means arrivals
+  outrun the pool: the SLO is missed next). One reading is not enough: Poisson arrivals
+  make a pool running well below its capacity jump from 0 to 2 waiting per instance
+  between two 1-s readings now and then, and an alarm on that adds an instance nobody needs
+  (the elastic bench's fast path once added 9 encoders that way, at 100 % attainment).
 
 A trace window with fewer than ``MIN_REQUESTS`` finished requests raises no attainment alarm
 (too few to tell a miss from noise). Attainment alarms come first, the worse first.
@@ -25,6 +29,7 @@ from epd_engine.contracts.trace import TraceRecord
 
 MIN_REQUESTS = 8
 QUEUE_MIN = 2.0  # waiting requests per instance before a growing queue alarms
+QUEUE_READINGS = 3  # consecutive readings (this one included) the backlog must hold
 
 # Waiting requests per instance of each pool role of the current plan (the router's table).
 Queues = Mapping[Role, float]
@@ -81,24 +86,28 @@ def attainment_alarms(
     return [alarm for _, alarm in sorted(alarms, key=lambda a: a[0])]
 
 
-def queue_alarms(queues: Queues, before: Queues | None) -> list[SloAlarm]:
-    """Pools whose waiting requests per instance reached ``QUEUE_MIN`` and grew since
-    ``before`` (the previous pass's reading; None: none yet), the longest queue first."""
-    if before is None:
+def queue_alarms(queues: Queues, earlier: Sequence[Queues]) -> list[SloAlarm]:
+    """Pools whose waiting requests per instance stayed at ``QUEUE_MIN`` or more over
+    ``earlier`` (the previous passes' readings, oldest first) and now, and grew across them,
+    the longest queue first. Fewer than ``QUEUE_READINGS - 1`` earlier readings: none."""
+    earlier = list(earlier)[-(QUEUE_READINGS - 1) :]
+    if len(earlier) < QUEUE_READINGS - 1:
         return []
     grown = [
-        (role, q)
+        (role, q, earlier[0][role])
         for role, q in queues.items()
-        if q >= QUEUE_MIN and role in before and q > before[role]
+        if all(role in r and r[role] >= QUEUE_MIN for r in earlier)
+        and q >= QUEUE_MIN
+        and q > earlier[0][role]
     ]
     return [
         SloAlarm(
             "queue",
             next(s for s in STAGE_ORDER if role.runs(s)),
-            f"{role} queue grew from {before[role]:.1f} to {q:.1f} waiting requests per "
-            "instance since the previous reading",
+            f"{role} queue grew from {first:.1f} to {q:.1f} waiting requests per instance "
+            f"over the last {QUEUE_READINGS} readings, never under {QUEUE_MIN:.0f}",
         )
-        for role, q in sorted(grown, key=lambda g: -g[1])
+        for role, q, first in sorted(grown, key=lambda g: -g[1])
     ]
 
 
@@ -108,10 +117,10 @@ def slo_alarms(
     slo: SLO,
     window_s: float,
     queues: Queues,
-    before: Queues | None,
+    earlier: Sequence[Queues],
 ) -> list[SloAlarm]:
     """Every alarm of this pass: ``records`` a trace window ``span_s`` long (read as the last
     ``2 * window_s``, so that a request that arrived before the scrape window but finished in
-    it counts), ``queues`` this pass's pool table and ``before`` the previous pass's."""
+    it counts), ``queues`` this pass's pool table and ``earlier`` the previous passes' (oldest first)."""
     finished = finished_in(records, span_s, window_s)
-    return attainment_alarms(finished, slo, window_s, queues) + queue_alarms(queues, before)
+    return attainment_alarms(finished, slo, window_s, queues) + queue_alarms(queues, earlier)
