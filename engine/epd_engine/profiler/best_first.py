@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from epd_engine.profiler.candidates import Candidate
+from epd_engine.profiler.candidates import Candidate, order_key
 from epd_engine.profiler.evaluate import Evaluation, Evaluator
 from epd_engine.profiler.rate_grid import MAX_RPS, Bracket
 from epd_engine.slo.goodput import RatePoint
@@ -35,7 +35,7 @@ class BestFirst:
         self.evaluator = evaluator
         self.grid = evaluator.grid
         self.bounds = {c: evaluator.bound(c) for c in candidates}
-        order = sorted(candidates, key=lambda c: (-self.bounds[c], c))
+        order = sorted(candidates, key=lambda c: (-self.bounds[c], *order_key(c)))
         self.position = {c: i for i, c in enumerate(order)}
         self.queue = deque(order)
         self.start: dict[Candidate, float] = {}

@@ -185,8 +185,14 @@ def capacity_bound(pools: dict[Role, int], work_s: dict[Role, float] | None) -> 
     """The fewest requests per second a pool of ``pools`` sustains, given ``role_work_s``."""
     if work_s is None:
         return 0.0
+    return counts_bound(tuple(pools[r] for r in work_s), tuple(work_s.values()))
+
+
+def counts_bound(counts: tuple[int, ...], work_s: tuple[float, ...]) -> float:
+    """``capacity_bound`` with the pools' instance counts and work in the same order (the
+    search bounds every candidate of a fleet: 33,151 at 256 GPUs, no dict each)."""
     bound = float("inf")
-    for role, w in work_s.items():
+    for n, w in zip(counts, work_s, strict=True):
         if w > 0:
-            bound = min(bound, pools[role] / w)
+            bound = min(bound, n / w)
     return bound

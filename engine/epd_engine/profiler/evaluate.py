@@ -16,8 +16,8 @@ from epd_engine.contracts.plan import Budgets, Plan, Prediction
 from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.bounds import (
     StageWork,
-    capacity_bound,
     compose,
+    counts_bound,
     role_work_s,
     stage_work,
     work_budgets,
@@ -84,7 +84,8 @@ class Evaluator:
         self._work: dict[tuple[Method, tuple[int, ...]], StageWork | None] = {}
         # methods and sizes that agree on what stage_work reads share its result
         self._work_by: dict[tuple[int, int, int], StageWork] = {}
-        self._role_work: dict[tuple[Method, tuple[int, ...]], dict[Role, float] | None] = {}
+        # each pool's work per request, in ``method.roles`` order (``bounds.role_work_s``)
+        self._role_work: dict[tuple[Method, tuple[int, ...]], tuple[float, ...] | None] = {}
         self._runs: dict[tuple[Candidate, float], list[RequestResult]] = {}
         self.num_simulations = 0
 
@@ -123,14 +124,17 @@ class Evaluator:
 
     def bound(self, candidate: Candidate) -> float:
         """``bounds.goodput_bound``, its per-method part computed once for every ratio."""
-        key = (candidate.method, candidate.sizes)
+        method = candidate.method
+        key = (method, candidate.sizes)
         if key not in self._role_work:
             work = self.work(*key)
             self._role_work[key] = None
             if work is not None:
                 args = (self.slo, len(self.records), self.cost.overlap)
-                self._role_work[key] = role_work_s(candidate.method, work, *args)
-        return capacity_bound(candidate.pools, self._role_work[key])
+                if (by_role := role_work_s(method, work, *args)) is not None:
+                    self._role_work[key] = tuple(by_role[r] for r in method.roles)
+        work_s = self._role_work[key]
+        return 0.0 if work_s is None else counts_bound(candidate.counts, work_s)
 
     # ---- simulation -----------------------------------------------------------------------
     def plan(self, candidate: Candidate) -> Plan:

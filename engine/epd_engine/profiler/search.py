@@ -29,6 +29,7 @@ from epd_engine.profiler.candidates import (
     ALL_METHODS,
     Candidate,
     enumerate_candidates,
+    order_key,
     proportional_split,
 )
 from epd_engine.profiler.cost_model import FittedCostModel
@@ -51,7 +52,7 @@ class SearchResult:
 
     def ranked(self, include_pruned: bool = False) -> list[Evaluation]:
         rows = [e for e in self.evaluations if include_pruned or e.status != "pruned"]
-        return sorted(rows, key=lambda e: (e.rank_key, e.candidate))
+        return sorted(rows, key=lambda e: (e.rank_key, *order_key(e.candidate)))
 
 
 def start_rps(evaluator: Evaluator, bound_rps: float) -> float:

@@ -35,3 +35,21 @@ def test_small_images_share_the_budgets_batch() -> None:
 def test_an_image_larger_than_the_budget_is_charged_alone() -> None:
     # 1000 tokens in a 200-token budget: one batch of its own (not five 200-token batches)
     assert _encode_work(1000, image_budget=2) == pytest.approx(FIXED_S + 1000 * PER_TOKEN_S)
+
+
+def test_the_bound_and_the_order_keys_agree_with_their_dict_and_dataclass_forms() -> None:
+    """The search bounds and sorts every candidate of a fleet with tuples of builtins
+    (``counts_bound``, ``order_key``); they must give what the dict and the dataclass give."""
+    import random
+
+    from epd_engine.profiler.bounds import capacity_bound, counts_bound
+    from epd_engine.profiler.candidates import enumerate_candidates, order_key
+
+    candidates = enumerate_candidates(12, tp_sizes=(1, 2))
+    rng = random.Random(0)
+    for c in candidates:
+        work = {r: rng.choice([0.0, rng.random()]) for r in c.method.roles}
+        in_order = tuple(work[r] for r in c.method.roles)
+        assert counts_bound(c.counts, in_order) == capacity_bound(c.pools, work)
+    shuffled = rng.sample(candidates, len(candidates))
+    assert sorted(shuffled, key=order_key) == sorted(shuffled)
