@@ -30,7 +30,12 @@ class LatencySample(Protocol):
 def meets_slo(sample: LatencySample, slo: SLO) -> bool:
     if not sample.ok or sample.ttft_s is None:
         return False
-    return sample.ttft_s <= slo.ttft_s and sample.tpot_p90_s <= slo.tpot_s
+    return meets(sample.ttft_s, sample.tpot_p90_s, slo)
+
+
+def meets(ttft_s: float, tpot_p90_s: float, slo: SLO) -> bool:
+    """A request that succeeded meets the SLO: its TTFT and its p90 gap within it."""
+    return ttft_s <= slo.ttft_s and tpot_p90_s <= slo.tpot_s
 
 
 def attainment(samples: Sequence[LatencySample], slo: SLO) -> float:

@@ -56,6 +56,24 @@ def test_summarize_statistics() -> None:
     assert summarize([short]).num_short_outputs == 1
 
 
+def test_summarize_attainment_is_the_per_request_definition() -> None:
+    """``summarize`` sorts each request's gaps once for its p90 statistics and its
+    attainment; the share must stay ``attainment``'s (errors, late TTFT and p90 gaps, a
+    request without gaps, a TTFT of exactly 0 all in)."""
+    import random
+
+    rng = random.Random(3)
+    samples = [
+        result(
+            rng.choice([None, 0.0, 0.5, 1.0, 1.5]),
+            tuple(rng.choice([0.05, 0.1, 0.2]) for _ in range(rng.randint(0, 12))),
+            error=rng.choice([None, None, None, "Timeout: x"]),
+        )
+        for _ in range(400)
+    ]
+    assert summarize(samples, SLO_TIGHT).attainment == attainment(samples, SLO_TIGHT)
+
+
 def step_server(capacity_rps: float) -> tuple[list[float], object]:
     """run(rate): everyone meets the SLO below capacity, nobody above."""
     calls: list[float] = []
