@@ -159,6 +159,24 @@ def test_a_tie_at_the_size_keeps_the_current_plan() -> None:
     assert got.plan.reason.startswith("EP+D 1EP1D kept: it covers the rate too")
 
 
+def test_a_tie_at_a_new_size_keeps_the_current_method() -> None:
+    """The defect: at a size change any method could win, and methods whose goodput differs
+    by less than the search's rate step alternated (14 method switches in the 256-GPU
+    simulated day). At 3 instances EPD serves 42.8 rps, EP+D 2EP1D 35.2: for 33 rps the
+    current EP+D grows in place; for 40 rps only EPD covers it, so the method switches."""
+    spec = elastic_spec()
+    current = Plan(method=Method.EP_D, pools={Role.EP: 1, Role.D: 1}, reason="earlier")
+    kept = profiler_proposal(spec, window(5.0), reference_cost_model(), current=current,
+                             target_rps=33.0).plan  # fmt: skip
+    assert kept.method is Method.EP_D and kept.num_instances == 3
+    assert kept.predicted is not None and kept.predicted.goodput_rps >= 33.0
+    assert kept.reason.startswith("EP+D kept: its best ratio covers the rate too")
+    assert "EPD 3EPD would switch method" in kept.reason
+    switched = profiler_proposal(spec, window(5.0), reference_cost_model(), current=current,
+                                 target_rps=40.0).plan  # fmt: skip
+    assert switched.describe() == "EPD 3EPD"
+
+
 # --- decisions over passes -------------------------------------------------------------------
 
 

@@ -181,9 +181,12 @@ def profiler_proposal(
     except ValueError as exc:  # no rank terms, or a size the model cannot be cut into
         raise PlanningError(f"disaggregation.tensorParallelSizes: {exc}") from exc
 
+    def search_in(num_instances: int, among: Sequence[Method]) -> SearchResult:
+        hint = previous_hint(current, num_instances, among)
+        return exhaustive_search(evaluator, num_instances, among, False, 1, hint, tp_sizes)
+
     def search(num_instances: int) -> SearchResult:
-        hint = previous_hint(current, num_instances, methods)
-        return exhaustive_search(evaluator, num_instances, methods, False, 1, hint, tp_sizes)
+        return search_in(num_instances, methods)
 
     sizing = ""
     if sizes and target_rps is not None:
@@ -218,7 +221,7 @@ def profiler_proposal(
         f"profiler: best of {result.num_candidates} plans on {on} at {at} "
         f"({result.num_pruned} pruned by bound); cost model: {label}{link}{sizing}"
     )
-    plan = to_plan(evaluator, result.best, reason).model_copy(update={"budgets": {}})
+    plan = _plan_of(evaluator, result.best, reason)
     current_rps = None
     if current is not None and current.num_ranks == num_instances:
         current_rps = searched_goodput(result.evaluations, candidate_of(current))
@@ -228,7 +231,43 @@ def profiler_proposal(
             # as few instances as the best, and it covers the target too: a tie, kept
             why = f"{current.describe()} kept: it covers the rate too{sizing}"
             plan = current.model_copy(update={"reason": why})
+    if sizing and target_rps is not None and current is not None:
+        plan = _current_method_if_it_covers(
+            plan, current, methods, target_rps, sizing, search_in, evaluator
+        )
     return Proposal(plan, current_rps, evaluator.num_simulations)
+
+
+def _current_method_if_it_covers(
+    plan: Plan,
+    current: Plan,
+    methods: Sequence[Method],
+    target_rps: float,
+    sizing: str,
+    search_in: Callable[[int, Sequence[Method]], SearchResult],
+    evaluator: Evaluator,
+) -> Plan:
+    """A tie at the size goes to the current *method*: when its best ratio at ``plan``'s
+    instance count covers the target too, that ratio (its pools are resized in place; a
+    method switch starts every pool anew). Without it the loop switched between methods
+    whose goodput differs by less than the search's rate step (EP+D and ED+P on the
+    reference cost model) at nearly every size change of a simulated day."""
+    method = current.method
+    if plan.method == method or method not in methods:
+        return plan
+    same = search_in(plan.num_ranks, [method])
+    if same.best is None or (same.best.goodput_rps or 0.0) < target_rps:
+        return plan
+    why = (
+        f"{method} kept: its best ratio covers the rate too (best of {same.num_candidates} "
+        f"{method} plans; {plan.describe()} would switch method){sizing}"
+    )
+    return _plan_of(evaluator, same.best, why)
+
+
+def _plan_of(evaluator: Evaluator, evaluation: Evaluation, why: str) -> Plan:
+    """The searched plan, without batch budgets (each engine measures its own at start-up)."""
+    return to_plan(evaluator, evaluation, why).model_copy(update={"budgets": {}})
 
 
 def candidate_of(plan: Plan) -> Candidate:
