@@ -19,6 +19,7 @@ when it failed. ``failed`` turns True once so many missed that attainment cannot
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Sequence
 
@@ -124,12 +125,12 @@ class RequestTracker:
         """Tokens of a steady decode (``steady_decodes.py``), one at each of ``times``;
         each late gap was counted as it happened (``late_gap``), no token is silent."""
         assert self.first_s[index] is not None, "a steady decode has its first token"
+        if not times:
+            return
         gaps = self.gaps[index]
-        last = self.last_s[index]
-        for time_s in times:
-            gaps.append(time_s - last)
-            last = time_s
-        self.last_s[index] = last
+        gaps.append(times[0] - self.last_s[index])
+        gaps.extend(map(operator.sub, times[1:], times))  # each stamp minus the one before
+        self.last_s[index] = times[-1]
 
     def late_gap(self, index: int) -> None:
         """A gap of ``index`` over the TPOT SLO (a steady decode's: counted as it ends)."""
