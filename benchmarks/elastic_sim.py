@@ -1,9 +1,10 @@
 """Part 2 of ``bench_elastic``: the same day for a large fleet through the planner alone (the
 simulator, no processes), at H200 speed. The day is cut into ``windows`` equal windows; each
 is planned on the window before (what the loop's trace window holds), sized for the forecast
-(Theil-Sen over the last three windows, never below the last) times the headroom, then the
-window's own requests are simulated on that plan. Transitions between plans are not
-simulated."""
+(Theil-Sen over the last three windows, never below the last) times the headroom and decided
+as the loop decides (``choose_plan``: at the same size a plan must beat the current one by
+the switch margin), then the window's own requests are simulated on that plan. Transitions
+between plans are not simulated."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from epd_engine.contracts.trace import TraceRecord
 from epd_engine.profiler.evaluate import Evaluator
 from epd_engine.profiler.simulator import Simulator
 from epd_engine.slo.attainment import attainment
-from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.api.spec import EPDDeploymentSpec, PlanStatus
+from epd_operator.planning.choice import Proposal, WorkloadStats, choose_plan
 from epd_operator.planning.forecast import forecast_rates
 from epd_operator.planning.planner import candidate_of, cost_model_from_json, profiler_proposal
 
@@ -51,6 +53,22 @@ def spec_for(gpus: int, slo: SLO) -> EPDDeploymentSpec:
     )
 
 
+def decided(spec: EPDDeploymentSpec, current: Plan | None, proposal: Proposal, n: int) -> Plan:
+    """What the loop runs after ``proposal``: its own ``choose_plan`` (the switch margin at
+    the same size; a window apart, so no cooldown or stabilisation holds it back)."""
+    if current is None:
+        return proposal.plan
+    stats = WorkloadStats(num_requests=max(n, spec.profiler.min_requests), request_rate_rps=0.0)
+    return choose_plan(
+        spec,
+        PlanStatus.from_plan(current, 1),
+        stats,
+        planned_on=None,
+        seconds_since_plan=float("inf"),
+        planner=lambda *_: proposal,
+    ).plan
+
+
 def simulate_day(
     gpus: int, cost_json: str, ttft_s: float, tpot_s: float, seed: int = 0, windows: int = 24
 ) -> dict[str, Any]:
@@ -67,9 +85,10 @@ def simulate_day(
         records, rate = window_records(day, k, windows, seed)
         f = forecast_rates(rates[-3:], 1.0, rates[-1], 1.0, 1.0)
         t = time.perf_counter()
-        plan = profiler_proposal(
+        proposal = profiler_proposal(
             spec, previous, cost, "H200", current=plan, target_rps=f.forecast_rps * (1 + HEADROOM)
-        ).plan
+        )
+        plan = decided(spec, plan, proposal, len(previous))
         search_s = time.perf_counter() - t
         # the whole window (the search's own simulations stop once the SLO is lost)
         budgeted = Evaluator(records, cost, slo).plan(candidate_of(plan))
