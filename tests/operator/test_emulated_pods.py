@@ -73,6 +73,15 @@ def test_a_spec_resource_or_image_still_wins() -> None:
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "128Mi"}
 
 
+def test_a_roles_own_image_wins_and_the_others_default_to_the_cpu_image() -> None:
+    """One image rule for real and emulated pods (``role_pod``): a role's own image, then the
+    engine's, then the default for its GPUs, none when emulated."""
+    engine = {"emulate": True, "roles": {"E": {"image": "enc:1"}}}
+    pods = _containers(make_owner(engine=engine))
+    assert pods[Role.E]["containers"][0]["image"] == "enc:1"
+    assert pods[Role.P]["containers"][0]["image"] == "epd-engine:0.1.0"
+
+
 def test_real_and_emulated_instances_never_share_a_pool() -> None:
     real = {p.role: p.name for p in r.pool_specs(make_owner(), PLAN)}
     emulated = {p.role: p.name for p in r.pool_specs(make_owner(engine={"emulate": True}), PLAN)}

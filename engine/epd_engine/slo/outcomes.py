@@ -152,9 +152,7 @@ def _attainment(results: Sequence[RequestResult], p90_of: dict[int, float], slo:
     """``slo.attainment.attainment`` with each ok request's p90 gap already known."""
     if not results:
         return 0.0
-    met = sum(
-        meets(r.ttft_s, p90_of[id(r)], slo) for r in results if r.ok and r.ttft_s is not None
-    )
+    met = sum(meets(r.ttft_s, p90_of[id(r)], slo) for r in results if r.ok and r.ttft_s is not None)
     return met / len(results)
 
 

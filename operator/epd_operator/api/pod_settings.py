@@ -292,9 +292,13 @@ def role_pod(
     node_selector: dict[str, str],
     tolerations: list[Toleration],
     extra_args: list[str],
+    without_gpus: bool = False,
 ) -> RolePod:
+    """``role``'s settings over the engine's. ``without_gpus``: its pods take no GPU (an
+    emulated instance), so the default image is the CPU one."""
     own = roles.get(role) or RoleSettings()
     gpus = own.gpus_per_instance if own.gpus_per_instance is not None else gpus_per_instance
+    gpus = 0 if without_gpus else gpus
     return RolePod(
         # neither names one: the GPU image where the role has a GPU (api/images.py)
         image=own.image or image or default_engine_image(gpus),

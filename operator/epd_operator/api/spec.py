@@ -509,8 +509,9 @@ class EngineSpec(PodSettings):
             per_rank = own.gpus_per_instance
         return per_rank * ranks
 
-    def role_pod(self, role: Role, gpu_resource_name: str) -> RolePod:
-        """What ``role``'s pods run: its settings in ``roles`` over the engine's."""
+    def role_pod(self, role: Role, gpu_resource_name: str, without_gpus: bool = False) -> RolePod:
+        """What ``role``'s pods run: its settings in ``roles`` over the engine's
+        (``without_gpus``: an emulated instance's, on no GPU)."""
         return role_pod(
             role,
             self.roles,
@@ -521,6 +522,7 @@ class EngineSpec(PodSettings):
             self.node_selector,
             self.tolerations,
             self.extra_args,
+            without_gpus,
         )
 
 

@@ -25,7 +25,6 @@ from typing import Any
 from epd_engine.config import Role
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.serve_args import ServeCommand, plan_budget_flags
-from epd_operator.api.images import default_engine_image
 from epd_operator.api.spec import Toleration
 from epd_operator.kube.emulated_pods import (
     EMULATED_RESOURCES,
@@ -379,15 +378,14 @@ def engine_pod_template(
     """The pool Deployment's ``spec.template``: one ``epdctl serve`` of the pool's role, with
     a preference for the nodes of its cache partners (partner_affinity.py)."""
     spec = owner.spec
-    role = spec.engine.role_pod(pool.role, spec.gpu_resource_name)
-    image, gpus, defaults = role.image, pool.gpus_per_instance, DEFAULT_ENGINE_RESOURCES
-    if emulated(owner):  # a small CPU process: the CPU image unless one is named
-        own = spec.engine.roles.get(pool.role)
-        image = (own.image if own else None) or spec.engine.image or default_engine_image(0)
+    on_cpu = emulated(owner)  # a small CPU process: the CPU image unless one is named
+    role = spec.engine.role_pod(pool.role, spec.gpu_resource_name, without_gpus=on_cpu)
+    gpus, defaults = pool.gpus_per_instance, DEFAULT_ENGINE_RESOURCES
+    if on_cpu:
         gpus, defaults = 0, EMULATED_RESOURCES
     container = engine_container(
         owner,
-        image,
+        role.image,
         engine_args(owner, pool, plan, router_args),
         [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         engine_probes(),

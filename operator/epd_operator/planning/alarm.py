@@ -121,6 +121,7 @@ def slo_alarms(
 ) -> list[SloAlarm]:
     """Every alarm of this pass: ``records`` a trace window ``span_s`` long (read as the last
     ``2 * window_s``, so that a request that arrived before the scrape window but finished in
-    it counts), ``queues`` this pass's pool table and ``earlier`` the previous passes' (oldest first)."""
+    it counts), ``queues`` this pass's pool table and ``earlier`` the previous passes'
+    (oldest first)."""
     finished = finished_in(records, span_s, window_s)
     return attainment_alarms(finished, slo, window_s, queues) + queue_alarms(queues, earlier)
