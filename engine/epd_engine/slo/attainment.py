@@ -8,7 +8,7 @@ Works on any object with ``ok``, ``ttft_s`` and ``tpot_p90_s`` so the simulator 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from epd_engine.config import SLO
@@ -27,22 +27,25 @@ class LatencySample(Protocol):
     def tpot_p90_s(self) -> float: ...
 
 
-def meets_slo(sample: LatencySample, slo: SLO) -> bool:
+def meets_slo(
+    sample: LatencySample, slo: SLO, tpot_p90: Callable[[LatencySample], float] | None = None
+) -> bool:
+    """``tpot_p90``: the sample's p90 gap when the caller knows it already (it sorts gaps)."""
     if not sample.ok or sample.ttft_s is None:
         return False
-    return meets(sample.ttft_s, sample.tpot_p90_s, slo)
+    p90 = sample.tpot_p90_s if tpot_p90 is None else tpot_p90(sample)
+    return sample.ttft_s <= slo.ttft_s and p90 <= slo.tpot_s
 
 
-def meets(ttft_s: float, tpot_p90_s: float, slo: SLO) -> bool:
-    """A request that succeeded meets the SLO: its TTFT and its p90 gap within it."""
-    return ttft_s <= slo.ttft_s and tpot_p90_s <= slo.tpot_s
-
-
-def attainment(samples: Sequence[LatencySample], slo: SLO) -> float:
+def attainment(
+    samples: Sequence[LatencySample],
+    slo: SLO,
+    tpot_p90: Callable[[LatencySample], float] | None = None,
+) -> float:
     """Share of requests meeting the SLO; 0.0 for an empty run (nothing was served)."""
     if not samples:
         return 0.0
-    return sum(meets_slo(s, slo) for s in samples) / len(samples)
+    return sum(meets_slo(s, slo, tpot_p90) for s in samples) / len(samples)
 
 
 def passes(samples: Sequence[LatencySample], slo: SLO) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from epd_engine.config import SLO
 from epd_engine.contracts.trace import TraceRecord, nearest_rank
-from epd_engine.slo.attainment import meets
+from epd_engine.slo.attainment import attainment
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +148,6 @@ def _error_kind(error: str) -> str:
     return error.split(":", 1)[0][:60]
 
 
-def _attainment(results: Sequence[RequestResult], p90_of: dict[int, float], slo: SLO) -> float:
-    """``slo.attainment.attainment`` with each ok request's p90 gap already known."""
-    if not results:
-        return 0.0
-    met = sum(meets(r.ttft_s, p90_of[id(r)], slo) for r in results if r.ok and r.ttft_s is not None)
-    return met / len(results)
-
-
 def summarize(
     results: Sequence[RequestResult], slo: SLO | None = None, duration_s: float | None = None
 ) -> BenchSummary:
@@ -193,7 +185,7 @@ def summarize(
         tpot_p90=LatencyStats.of([p90_of[id(r)] for r in ok if r.itl_s]),
         itl=LatencyStats.of(gaps),
         e2e=LatencyStats.of([r.e2e_s for r in ok if r.e2e_s is not None]),
-        attainment=_attainment(results, p90_of, slo) if slo is not None else None,
+        attainment=attainment(results, slo, lambda r: p90_of[id(r)]) if slo is not None else None,
         slo={"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment": slo.attainment}
         if slo
         else None,
