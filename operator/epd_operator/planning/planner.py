@@ -40,7 +40,7 @@ from epd_operator.planning.choice import (
     is_elastic,
 )
 from epd_operator.planning.levelled import levelled
-from epd_operator.planning.sizing import fewest_instances
+from epd_operator.planning.sizing import fewest_instances, start_size
 
 MAX_PLAN_REQUESTS = 1000  # larger windows are sampled evenly down to this many requests
 PLAN_TIMEOUT_S = 60.0
@@ -190,7 +190,8 @@ def profiler_proposal(
 
     sizing = ""
     if sizes and target_rps is not None:
-        sized = fewest_instances(search, low, high, target_rps)
+        near = start_size(current, target_rps)
+        sized = fewest_instances(search, low, high, target_rps, near)
         num_instances, result = sized.num_instances, sized.result
         short = "" if sized.covers else ", the most allowed, short of it"
         sizing = (
