@@ -133,3 +133,34 @@ def test_a_failed_search_is_raised_in_the_pass_that_takes_it() -> None:
         search.take(1)
     assert search.take(1) is None  # raised once; nothing left
     assert not search.finished
+
+
+def test_the_fast_path_takes_one_step_per_re_plan(planner: HeldPlanner) -> None:
+    """Defect prevented: each fast step changes the plan's revision, and a search is taken
+    only for the revision it started on; with a step every scrape window no search that
+    took longer ever landed (``make bench-elastic``: 16 decode instances added in 3 minutes
+    on TPOT misses they did not fix, no re-plan). After its step the fast path now waits
+    for a re-plan, which confirms or corrects it."""
+    search: BackgroundSearch[Searched] = BackgroundSearch()
+    memory = PlanMemory(plan=PlanStatus.from_plan(EPD3, 3), last_planned=T0, last_change=T0)
+    due = T0 + timedelta(seconds=60)
+    alarm = SloAlarm("TTFT", Stage.ENCODE, "TTFT attainment 40% < 90%")
+    passed, _ = run_pass(memory, due, search)  # starts the search for revision 3
+    grown, _ = run_pass(passed.memory, due + timedelta(seconds=1), search, [alarm])
+    assert grown.plan.pools[Role.E] == 2
+    later = grown
+    for k in range(1, 6):  # the alarm holds for five scrape windows more, the search runs on
+        later, _ = run_pass(later.memory, due + timedelta(seconds=1 + 15 * k), search, [alarm])
+        assert later.plan == grown.plan, f"a second step before a re-plan: {later.plan}"
+
+    planner.release.set()  # the search for revision 3 ends (dropped), one for 4 starts
+    at = due + timedelta(seconds=100)
+    while (later.note is None or later.note.reason != "ScaledUp") and at < due + timedelta(600):
+        assert search.wait(10)
+        later, _ = run_pass(later.memory, at, search, [alarm])
+        at += timedelta(seconds=1)
+    assert later.plan.pools == BIGGER.pools  # the re-plan landed
+    # with the re-plan taken, the next alarm gets its step again
+    stepped, _ = run_pass(later.memory, at + timedelta(seconds=15), search, [alarm])
+    assert stepped.note is not None and stepped.note.reason == "FastScaledUp"
+    assert stepped.plan.pools[Role.E] == BIGGER.pools[Role.E] + 1
