@@ -12,7 +12,7 @@ import itertools
 import time
 from typing import Any
 
-from benchmarks.elastic_trace import Day, arrivals, record
+from benchmarks.elastic_trace import TEXT_OUTPUT_TOKENS, Day, arrivals, record
 from epd_engine.config import SLO
 from epd_engine.contracts.plan import Plan
 from epd_engine.contracts.trace import TraceRecord
@@ -34,7 +34,7 @@ def window_records(day: Day, k: int, windows: int, seed: int) -> tuple[list[Trac
     """``REQUESTS_PER_WINDOW`` requests at window ``k``'s mid rate and image share."""
     mid = (k % windows + 0.5) * day.length_s / windows
     rate, share = day.rate_rps(mid), day.image_share(mid)
-    flat = Day(REQUESTS_PER_WINDOW / rate, rate, 1.0, share, share)
+    flat = Day(REQUESTS_PER_WINDOW / rate, rate, 1.0, share, share, day.image_output_tokens)
     return [record(a, 576) for a in arrivals(flat, seed + k)], rate
 
 
@@ -70,11 +70,23 @@ def decided(spec: EPDDeploymentSpec, current: Plan | None, proposal: Proposal, n
 
 
 def simulate_day(
-    gpus: int, cost_json: str, ttft_s: float, tpot_s: float, seed: int = 0, windows: int = 24
+    gpus: int,
+    cost_json: str,
+    ttft_s: float,
+    tpot_s: float,
+    seed: int = 0,
+    windows: int = 24,
+    night_rps: float | None = None,
+    image_output_tokens: int = TEXT_OUTPUT_TOKENS,
 ) -> dict[str, Any]:
+    """``night_rps``: the lowest rate (default: the fleet's share of ``PER_GPU_PEAK_RPS``).
+    ``image_output_tokens``: an image request's answer (default: as long as a text one's;
+    with the emulated fleet's 8-token answers a 256-GPU search takes 20-60 s per size, as
+    EP+D's TPOT sits at the SLO and the bound prunes little)."""
     cost = cost_model_from_json(cost_json, "H200")
     slo = SLO(ttft_s=ttft_s, tpot_s=tpot_s)
-    day = Day(HOURS, gpus * PER_GPU_PEAK_RPS / 8)
+    night = night_rps or gpus * PER_GPU_PEAK_RPS / 8
+    day = Day(HOURS, night, image_output_tokens=image_output_tokens)
     spec = spec_for(gpus, slo)
     rows: list[dict[str, Any]] = []
     previous, rate = window_records(day, windows - 1, windows, seed)  # the day before's last
@@ -85,8 +97,11 @@ def simulate_day(
         records, rate = window_records(day, k, windows, seed)
         f = forecast_rates(rates[-3:], 1.0, rates[-1], 1.0, 1.0)
         t = time.perf_counter()
+        target = f.forecast_rps * (1 + HEADROOM)
+        # the emulated fleet's link (its pools share one host): transfer partners placed
+        # together, as a GPU cluster's group pods place them
         proposal = profiler_proposal(
-            spec, previous, cost, "H200", current=plan, target_rps=f.forecast_rps * (1 + HEADROOM)
+            spec, previous, cost, "H200", current=plan, same_host=True, target_rps=target
         )
         plan = decided(spec, plan, proposal, len(previous))
         search_s = time.perf_counter() - t
@@ -117,6 +132,7 @@ def simulate_day(
         "gpus": gpus,
         "windows": windows,
         "night_rps": day.night_rps,
+        "answer_tokens": {"text": TEXT_OUTPUT_TOKENS, "image": image_output_tokens},
         "peak_rps": day.peak_rps,
         "requests_per_window_sampled": REQUESTS_PER_WINDOW,
         "summary": {

@@ -1,7 +1,8 @@
 """The day ``make bench-elastic`` replays, compressed: the request rate swings ``swing`` times
 between night and noon, and the image share follows it (20 % at night, 80 % at noon), so the
-load changes both in size and in kind. Arrivals are a seeded inhomogeneous Poisson process
-(thinning), so a run and its simulation see the same requests."""
+load changes both in size and in kind, and with it the best method. Arrivals are a seeded
+inhomogeneous Poisson process (thinning), so a run and its simulation see the same
+requests."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from dataclasses import dataclass
 
 from epd_engine.contracts.trace import ImageRef, TraceRecord
 
-# Long text prompts and 32-token answers: with the H200 cost model the best method then
-# depends on the image share and the fleet's size (ED+P, EP+D). With 200-word prompts and
-# 8-token answers EPD ranked first at every share and size, so the day asked for no switch.
+# Two kinds of request: chat over a long text (1,500 words, 32-token answers) and a short
+# question on one image (40 words, 8-token answers: a caption, a label). With the H200 cost
+# model their best methods differ (EP+D for text-heavy traffic, EPD for image-heavy, 1.3x
+# apart at 8 GPUs), so the image share alone moves the best method. With 32-token answers
+# for both, EP+D and ED+P ranked within one 5 % rate step at every share, and with 200-word
+# prompts and 8-token answers for both EPD ranked first everywhere: no switch on either day.
 TEXT_PROMPT_WORDS = 1500
 IMAGE_PROMPT_WORDS = 40
-OUTPUT_TOKENS = 32
+TEXT_OUTPUT_TOKENS = 32
+IMAGE_OUTPUT_TOKENS = 8
+
+
+def prompt_words(image: bool) -> int:
+    return IMAGE_PROMPT_WORDS if image else TEXT_PROMPT_WORDS
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,10 @@ class Day:
     swing: float = 8.0  # noon's rate over night's
     night_image_share: float = 0.2
     noon_image_share: float = 0.8
+    image_output_tokens: int = IMAGE_OUTPUT_TOKENS  # TEXT_OUTPUT_TOKENS: one answer length
+
+    def output_tokens(self, image: bool) -> int:
+        return self.image_output_tokens if image else TEXT_OUTPUT_TOKENS
 
     def phase(self, t_s: float) -> float:
         """0 at midnight (start and end), 1 at noon (the middle), a cosine between."""
@@ -48,6 +61,7 @@ class Arrival:
     t_s: float
     image: bool
     index: int
+    output_tokens: int
 
 
 def arrivals(day: Day, seed: int = 0) -> list[Arrival]:
@@ -60,7 +74,8 @@ def arrivals(day: Day, seed: int = 0) -> list[Arrival]:
         if t >= day.length_s:
             return out
         if rng.random() < day.rate_rps(t) / day.peak_rps:
-            out.append(Arrival(t, rng.random() < day.image_share(t), len(out)))
+            image = rng.random() < day.image_share(t)
+            out.append(Arrival(t, image, len(out), day.output_tokens(image)))
 
 
 def record(a: Arrival, tokens_per_image: int, offset_s: float = 0.0) -> TraceRecord:
@@ -68,12 +83,11 @@ def record(a: Arrival, tokens_per_image: int, offset_s: float = 0.0) -> TraceRec
     images: tuple[ImageRef, ...] = ()
     if a.image:
         images = (ImageRef(tokens=tokens_per_image, hash=f"img-{a.index}", width=336, height=336),)
-    words = IMAGE_PROMPT_WORDS if a.image else TEXT_PROMPT_WORDS
     return TraceRecord(
         arrival_s=a.t_s - offset_s,
-        prompt_tokens=words,
+        prompt_tokens=prompt_words(a.image),
         images=images,
-        output_tokens=OUTPUT_TOKENS,
+        output_tokens=a.output_tokens,
         request_id=f"r{a.index}",
     )
 

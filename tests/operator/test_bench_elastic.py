@@ -110,3 +110,11 @@ def test_draining_instances_count_as_held_gpus() -> None:
         },
     )
     assert held(status) == {"E": 1, "P": 3, "D": 1}
+
+
+def test_a_request_is_judged_by_its_p90_gap_as_the_loop_judges_it() -> None:
+    """Defect prevented: the bench judged TPOT by the mean gap while the loop plans and
+    alarms on the p90 gap (``slo/attainment.py``): an 8-token answer whose one slow gap is
+    the KV hand-off counted as met in the bench and as missed by the fast path."""
+    handoff = Outcome(0, True, 1, ttft_s=0.5, tpot_s=3.0, tpot_mean_s=1.0)
+    assert not handoff.met(20, 2) and handoff.met(20, 2, mean=True)
