@@ -28,6 +28,7 @@ from epd_operator.kube.client import Kube
 from epd_operator.planning.alarm import SloAlarm
 from epd_operator.planning.background_search import BackgroundSearch
 from epd_operator.planning.choice import WorkloadStats
+from epd_operator.planning.daily_profile import profile_ratio
 from epd_operator.planning.offered import offered
 from epd_operator.planning.plan_pass import (
     ALARM_WINDOW_S,
@@ -233,6 +234,15 @@ def reconcile(
         reader = _ALARMS.setdefault(uid, AlarmReader(ALARM_WINDOW_S))
         return reader.read(router, spec, current_pools or ())
 
+    read_profile = None
+    if spec.monitoring.prometheus_url:  # a day of history there: the daily profile
+        prom_url, window_s = spec.monitoring.prometheus_url, spec.profiler.trace_window_seconds
+
+        def read_profile(horizon_s: float) -> float | None:
+            return profile_ratio(
+                Prometheus(prom_url), spec.model.name, namespace, window_s, horizon_s
+            )
+
     last_switch_ms = status.last_switch_milliseconds
     memory = PlanMemory(
         status.plan,
@@ -254,6 +264,7 @@ def reconcile(
         read_alarms=read_alarms,
         serving=set(status.active_pools) == current_pools,
         search=_SEARCHES.setdefault(uid, BackgroundSearch()),
+        read_profile=read_profile,
     )
     if passed.planner_s is not None:
         metrics.PLANNER_SECONDS.labels(namespace, name).observe(passed.planner_s)

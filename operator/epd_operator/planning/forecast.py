@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 GROWTH_CAP = 2.0  # the projection at most doubles the newest sub-window's rate
@@ -46,12 +46,21 @@ class Forecast:
     horizon_s: float  # how far past the window's end it projects (the rollout time)
     projected_rps: float  # the trend line at the window's end + the horizon, capped
     held_rps: float  # the highest sub-window rate within the hold (stabilisation window)
-    forecast_rps: float  # max(projected, held)
+    forecast_rps: float  # max(projected, held, profile)
     capped: bool = False  # the trend line went past GROWTH_CAP x the newest rate
+    profile_ratio: float | None = None  # a day ago, the rate a horizon later over the rate then
+    profile_rps: float | None = None  # the window's rate times that ratio (capped)
 
     @property
     def rule(self) -> str:
-        """Which of the two set the forecast, in words for the status."""
+        """Which of the three set the forecast, in words for the status."""
+        if self.profile_rps is not None and self.profile_rps > max(
+            self.projected_rps, self.held_rps
+        ):
+            return (
+                f"daily profile: a day ago the rate {self.horizon_s:.0f} s later was "
+                f"{self.profile_ratio:.2f}x, applied to this window's rate"
+            )
         if self.projected_rps >= self.held_rps:
             if self.capped:
                 return f"trend, capped at {GROWTH_CAP:g}x the newest sub-window's rate"
@@ -112,3 +121,17 @@ def forecast_window(
     bins = num_bins(len(arrivals_s))
     rates = sub_window_rates(arrivals_s, span_s, bins)
     return forecast_rates(rates, span_s / bins, seen, horizon_s, hold_s)
+
+
+def with_profile(forecast: Forecast, ratio: float | None) -> Forecast:
+    """``forecast`` with the daily profile's (``daily_profile``) as a floor: this window's
+    rate times ``ratio``, at most ``GROWTH_CAP`` times it. Unchanged without a ratio."""
+    if ratio is None or ratio < 0:
+        return forecast
+    profile = forecast.seen_rps * min(ratio, GROWTH_CAP)
+    return replace(
+        forecast,
+        profile_ratio=ratio,
+        profile_rps=profile,
+        forecast_rps=max(forecast.forecast_rps, profile),
+    )

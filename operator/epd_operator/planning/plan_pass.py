@@ -37,7 +37,7 @@ from epd_operator.planning.decision import (
     fast_decision_record,
 )
 from epd_operator.planning.fast_path import FastStep, can_grow, fast_step
-from epd_operator.planning.forecast import Forecast, forecast_window
+from epd_operator.planning.forecast import Forecast, forecast_window, with_profile
 from epd_operator.planning.horizon import rollout_horizon, switch_seconds
 from epd_operator.planning.planner import (
     MAX_PLAN_REQUESTS,
@@ -52,6 +52,8 @@ PostEvent = Callable[[str, str, str], None]  # (type, reason, message)
 ReadWorkload = Callable[[], tuple[Sequence[TraceRecord] | None, WorkloadStats | None]]
 # The SLO alarms of the last scrape window (``alarm.slo_alarms`` on the router's trace).
 ReadAlarms = Callable[[], Sequence[SloAlarm]]
+# The daily profile's ratio for a horizon in seconds (``daily_profile``); None: no history
+ReadProfile = Callable[[float], float | None]
 # The fast path's scrape window: the operator's resync (a pass every 10 s when idle).
 ALARM_WINDOW_S = 10.0
 
@@ -136,13 +138,17 @@ def with_forecast(
     records: Sequence[TraceRecord] | None,
     stats: WorkloadStats | None,
     horizon_s: float,
+    read_profile: ReadProfile | None = None,
 ) -> tuple[WorkloadStats | None, Forecast | None]:
     """``stats`` with the rate forecast for ``horizon_s`` past the window (an elastic plan is
-    sized for it), and the forecast; unchanged without a trace window."""
+    sized for it), and the forecast; unchanged without a trace window. ``read_profile``:
+    the daily profile's ratio for a horizon (``daily_profile``), where there is history."""
     if records is None or stats is None or not stats.window_s:
         return stats, None
     hold_s = spec.capacity.scale_down_stabilization_seconds
     forecast = forecast_window([r.arrival_s for r in records], stats.window_s, horizon_s, hold_s)
+    if read_profile is not None:
+        forecast = with_profile(forecast, read_profile(horizon_s))
     return replace(stats, forecast_rps=forecast.forecast_rps), forecast
 
 
@@ -160,6 +166,7 @@ def plan_pass(
     serving: bool = True,
     alarm_window_s: float = ALARM_WINDOW_S,
     search: BackgroundSearch[Searched] | None = None,
+    read_profile: ReadProfile | None = None,
 ) -> PlanPassResult:
     """One pass's plan. ``cost_source`` names the cost model the profiler plans with (its
     label ends up in the plan's reason); ``same_host``: the pools are local processes.
@@ -186,7 +193,7 @@ def plan_pass(
     def replan() -> Searched:
         """Read the window, forecast, and choose (the planner may run for minutes)."""
         records, stats = read_workload()
-        stats, forecast = with_forecast(spec, records, stats, horizon_s)
+        stats, forecast = with_forecast(spec, records, stats, horizon_s, read_profile)
         planner = auto_planner(
             records,
             cost_source,
