@@ -29,8 +29,13 @@ class PassPoint:
         return sum(self.held.values())
 
 
-def attainment(outcomes: Sequence[Outcome], ttft_s: float, tpot_s: float) -> float | None:
-    return sum(o.met(ttft_s, tpot_s) for o in outcomes) / len(outcomes) if outcomes else None
+def attainment(
+    outcomes: Sequence[Outcome], ttft_s: float, tpot_s: float, mean: bool = False
+) -> float | None:
+    """Share within the SLO (``mean``: TPOT as the mean gap, ``Outcome.met``)."""
+    if not outcomes:
+        return None
+    return sum(o.met(ttft_s, tpot_s, mean) for o in outcomes) / len(outcomes)
 
 
 def gpu_seconds(points: Sequence[PassPoint], end_s: float, gpus_per_instance: int = 1) -> float:

@@ -31,15 +31,8 @@ def profile_ratio(
     ahead = round(period_s - horizon_s)
     if ahead <= 0 or window_s <= 0:
         return None
-    sel = f'model="{model}",namespace="{namespace}"'
-
-    def requests(offset_s: int) -> float | None:
-        return prom.scalar(
-            f"sum(increase(epd_requests_total{{{sel}}}[{window_s}s] offset {offset_s}s))"
-        )
-
-    then = requests(period_s)
-    later = requests(ahead)
+    then = prom.requests(model, namespace, window_s, period_s)
+    later = prom.requests(model, namespace, window_s, ahead)
     if then is None or later is None or then <= 0:
         return None
     return later / then

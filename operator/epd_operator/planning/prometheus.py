@@ -42,6 +42,15 @@ class Prometheus:
         value = float(result[0]["value"][1])
         return None if value != value else value  # NaN: no samples
 
+    def requests(
+        self, model: str, namespace: str, window_s: int, offset_s: int = 0
+    ) -> float | None:
+        """Requests finished (``epd_requests_total``) in the ``window_s`` seconds that ended
+        ``offset_s`` seconds ago."""
+        sel = f'model="{model}",namespace="{namespace}"'
+        offset = f" offset {offset_s}s" if offset_s else ""
+        return self.scalar(f"sum(increase(epd_requests_total{{{sel}}}[{window_s}s]{offset}))")
+
     def workload(self, model: str, namespace: str, window_s: int) -> WorkloadStats | None:
         sel = f'model="{model}",namespace="{namespace}"'
         w = f"{window_s}s"
@@ -52,7 +61,7 @@ class Prometheus:
                 f"sum(increase({metric}_count{{{sel}}}[{w}]))"
             )
 
-        num = self.scalar(f"sum(increase(epd_requests_total{{{sel}}}[{w}]))")
+        num = self.requests(model, namespace, window_s)
         if num is None:
             return None
         met = self.scalar(f"sum(increase(epd_slo_met_total{{{sel}}}[{w}]))")
